@@ -1,0 +1,44 @@
+"""kiln's compiler: the kiln.graph/1 wire format, keys, lowering, fusion, Triton codegen.
+
+Public names load lazily so that `import compiler` stays cheap (a service process that only
+parses wire graphs never imports Triton).
+"""
+
+from importlib import import_module
+from typing import Any
+
+_PUBLIC = {
+    # wire format and keys (compiler/wire.py, compiler/keys.py)
+    "to_wire": "compiler.wire",
+    "from_wire": "compiler.wire",
+    "Graph": "compiler.wire",
+    "WireError": "compiler.wire",
+    "graph_hash": "compiler.keys",
+    "Target": "compiler.keys",
+    "tuning_key": "compiler.keys",
+    "COMPILER_VERSION": "compiler.keys",
+    "decompositions": "compiler.decompositions",
+    "random_inputs": "compiler.inputs",
+    # schedules, build and runtime (compiler/schedule.py, compiler/heuristics.py, compiler/runtime.py)
+    "Schedule": "compiler.schedule",
+    "KernelChoice": "compiler.schedule",
+    "ScheduleMismatch": "compiler.schedule",
+    "heuristic_schedule": "compiler.heuristics",
+    "build": "compiler.runtime",
+    "Built": "compiler.runtime",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'compiler' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
