@@ -1,0 +1,559 @@
+"""Triton expressions for pointwise ops, views and index ops (see `evaluate`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from compiler.codegen.common import (
+    Index,
+    Unsupported,
+    Var,
+    Writer,
+    broadcast_index,
+    compute_dtype,
+    literal,
+    paren,
+    reshape_index,
+    tl_dtype,
+)
+from compiler.ir import meta
+from compiler.ops import VIEWS, base_name
+
+# ---- operands and casts --------------------------------------------------------------------
+
+
+def cast(op: object, dtype: torch.dtype) -> str:
+    """Operand as Triton source of compute dtype `dtype`."""
+    if isinstance(op, Var):
+        if op.dtype == dtype:
+            return op.name
+        if dtype == torch.bool:
+            return f"({op.name} != 0)"
+        return f"{op.name}.to({tl_dtype(dtype)})"
+    if isinstance(op, (bool, int, float)):
+        return literal(op, dtype)
+    raise Unsupported(f"operand {op!r} is neither a tensor nor a number")
+
+
+def promote(ops: list[object]) -> torch.dtype:
+    """torch's type promotion over tensor operands (their dtypes) and Python scalars."""
+    dtype: torch.dtype | None = None
+    for op in ops:
+        if isinstance(op, Var):
+            dtype = op.dtype if dtype is None else torch.promote_types(dtype, op.dtype)
+    for op in ops:
+        if isinstance(op, float) and (dtype is None or not dtype.is_floating_point):
+            dtype = torch.float32
+        elif isinstance(op, int) and not isinstance(op, bool) and (dtype is None or dtype == torch.bool):
+            dtype = torch.int64
+    return dtype or torch.float32
+
+
+def _round_to(expr: str, out: torch.dtype) -> str:
+    """Value of `expr` (computed wider) rounded as a store to `out` would, kept wide."""
+    if out in (torch.float16, torch.bfloat16):
+        return f"{paren(expr)}.to({tl_dtype(out)}).to(tl.float32)"
+    return expr
+
+
+# ---- pointwise math ----------------------------------------------------------------------
+
+_UNARY_FLOAT = {
+    "exp": "tl.exp({})", "exp2": "tl.exp2({})", "expm1": "libdevice.expm1({})",
+    "log": "tl.log({})", "log2": "tl.log2({})", "log10": "libdevice.log10({})",
+    "log1p": "libdevice.log1p({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
+    "sin": "tl.sin({})", "cos": "tl.cos({})", "tan": "libdevice.tan({})",
+    "asin": "libdevice.asin({})", "acos": "libdevice.acos({})", "atan": "libdevice.atan({})",
+    "sinh": "libdevice.sinh({})", "cosh": "libdevice.cosh({})", "tanh": "libdevice.tanh({})",
+    "asinh": "libdevice.asinh({})", "acosh": "libdevice.acosh({})", "atanh": "libdevice.atanh({})",
+    "sigmoid": "tl.sigmoid({})", "erf": "tl.erf({})", "erfc": "libdevice.erfc({})",
+    "erfinv": "libdevice.erfinv({})", "reciprocal": "1.0 / {}",
+}
+_ROUNDING = {"floor": "tl.floor({})", "ceil": "tl.ceil({})", "trunc": "libdevice.trunc({})",
+             "round": "libdevice.nearbyint({})"}
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
+_BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
+_COPIES = frozenset({"_to_copy", "convert_element_type", "clone", "alias", "detach", "positive",
+                     "lift_fresh_copy", "_conj", "resolve_conj", "resolve_neg"})
+_GENERATORS = frozenset({"full", "full_like", "scalar_tensor", "zeros", "ones", "zeros_like",
+                         "ones_like", "empty_like", "empty", "new_zeros", "new_ones", "new_full",
+                         "new_empty", "fill", "empty_strided", "empty_permuted", "arange", "iota"})
+
+
+def _trunc_div(a: str, b: str) -> str:
+    return (f"tl.where((({a} - ({a} // {b}) * {b}) != 0) & ((({a} - ({a} // {b}) * {b}) < 0) "
+            f"!= ({a} < 0)), {a} // {b} + 1, {a} // {b})")
+
+
+def _floor_div(a: str, b: str) -> str:
+    return (f"tl.where((({a} - ({a} // {b}) * {b}) != 0) & ((({a} - ({a} // {b}) * {b}) < 0) "
+            f"!= ({b} < 0)), {a} // {b} - 1, {a} // {b})")
+
+
+def _max_min(name: str, a: str, b: str, dtype: torch.dtype) -> str:
+    fn = "tl.maximum" if name in ("maximum", "fmax") else "tl.minimum"
+    if not dtype.is_floating_point:
+        return f"{fn}({a}, {b})"
+    if name in ("fmax", "fmin"):  # NaN only when both are NaN
+        return f"tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, {fn}({a}, {b})))"
+    return f"tl.where({a} != {a}, {a}, tl.where({b} != {b}, {b}, {fn}({a}, {b})))"
+
+
+def _pow(a: Var, e: object, cd: torch.dtype) -> str:
+    x = cast(a, cd)
+    if isinstance(e, (int, float)) and not isinstance(e, bool):
+        if e == 0:
+            return literal(1, cd)
+        if e == 1:
+            return x
+        if e == 2:
+            return f"{x} * {x}"
+        if e == 3:
+            return f"{x} * {x} * {x}"
+        if e == 0.5 and cd.is_floating_point:
+            return f"tl.sqrt({x})"
+        if e == -0.5 and cd.is_floating_point:
+            return f"tl.rsqrt({x})"
+        if e == -1 and cd.is_floating_point:
+            return f"1.0 / {x}"
+        if cd.is_floating_point:
+            return f"libdevice.pow({x}, {literal(e, cd)})"
+        if isinstance(e, int) and 0 < e <= 8:
+            return " * ".join([x] * e)
+    if isinstance(e, Var) and cd.is_floating_point:
+        return f"libdevice.pow({x}, {cast(e, cd)})"
+    raise Unsupported(f"pow with exponent {e!r} on {cd}")
+
+
+def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+    name = base_name(node)
+    out = meta(node).dtype
+    cd = compute_dtype(out)
+    args = [w.operand(a, node, idx, mask) for a in node.args]
+    kw = node.kwargs
+    ops = [a for a in args if isinstance(a, (Var, bool, int, float))]
+
+    def c(i: int, dtype: torch.dtype = cd) -> str:
+        return cast(args[i], dtype)
+
+    if name in _COPIES:
+        src = args[0]
+        if not isinstance(src, Var):
+            raise Unsupported(f"{name} of a non-tensor")
+        if src.dtype.is_complex or out.is_complex:
+            raise Unsupported("complex")
+        return _round_to(cast(src, cd), out)
+    if name == "copy":
+        return _round_to(c(1), out)
+    if name in _UNARY_FLOAT:
+        if not cd.is_floating_point:
+            raise Unsupported(f"{name} producing {out}")
+        return _UNARY_FLOAT[name].format(c(0))
+    if name in _ROUNDING:
+        if "decimals" in kw or len(args) > 1:
+            raise Unsupported("round with decimals")
+        return _ROUNDING[name].format(c(0)) if cd.is_floating_point else c(0)
+    if name == "frac":
+        return f"{c(0)} - libdevice.trunc({c(0)})"
+    if name in ("add", "sub", "rsub"):
+        alpha = kw.get("alpha", 1)
+        a, b = (c(1), c(0)) if name == "rsub" else (c(0), c(1))
+        if alpha != 1:
+            b = f"{b} * {literal(alpha, cd)}"
+        if cd == torch.bool:
+            return f"{a} | {b}"
+        return f"{a} - {paren(b)}" if name in ("sub", "rsub") else f"{a} + {b}"
+    if name == "mul":
+        return f"{c(0)} & {c(1)}" if cd == torch.bool else f"{c(0)} * {c(1)}"
+    if name == "div":
+        mode = kw.get("rounding_mode")
+        if mode is None:
+            return f"{c(0)} / {paren(c(1))}"
+        common = promote(ops)
+        a, b = cast(args[0], common), cast(args[1], common)
+        if common.is_floating_point:
+            fn = "tl.floor" if mode == "floor" else "libdevice.trunc"
+            return f"{fn}({a} / {paren(b)})"
+        return (_floor_div if mode == "floor" else _trunc_div)(a, b)
+    if name == "floor_divide":
+        if cd.is_floating_point:
+            return f"tl.floor({c(0)} / {paren(c(1))})"
+        return _floor_div(c(0), c(1))
+    if name == "remainder":
+        a, b = c(0), c(1)
+        if cd.is_floating_point:
+            return f"{a} - tl.floor({a} / {paren(b)}) * {paren(b)}"
+        return f"{a} - ({_floor_div(a, b)}) * {paren(b)}"
+    if name == "fmod":
+        a, b = c(0), c(1)
+        if cd.is_floating_point:
+            return f"libdevice.fmod({a}, {b})"
+        return f"{a} - ({_trunc_div(a, b)}) * {paren(b)}"
+    if name == "pow":
+        if isinstance(args[0], Var):
+            return _pow(args[0], args[1], cd)
+        base = args[0]
+        if isinstance(base, (int, float)) and cd.is_floating_point:
+            if base == 2:
+                return f"tl.exp2({c(1)})"
+            return f"libdevice.pow({literal(base, cd)}, {c(1)})"
+        raise Unsupported("pow")
+    if name == "atan2":
+        return f"libdevice.atan2({c(0)}, {c(1)})"
+    if name in ("maximum", "minimum", "fmax", "fmin"):
+        return _max_min(name, c(0), c(1), cd)
+    if name in ("clamp", "clamp_min", "clamp_max", "hardtanh"):
+        x = c(0)
+        if name == "hardtanh":
+            lo, hi = (args[1] if len(args) > 1 else kw.get("min_val", -1.0),
+                      args[2] if len(args) > 2 else kw.get("max_val", 1.0))
+        elif name == "clamp":
+            lo = args[1] if len(args) > 1 else kw.get("min")
+            hi = args[2] if len(args) > 2 else kw.get("max")
+        elif name == "clamp_min":
+            lo, hi = args[1], None
+        else:
+            lo, hi = None, args[1]
+        if lo is not None:
+            x = w.tmp(f"tl.where({x} < {cast(lo, cd)}, {cast(lo, cd)}, {x})")
+        if hi is not None:
+            x = f"tl.where({x} > {cast(hi, cd)}, {cast(hi, cd)}, {x})"
+        return x
+    if name in ("abs",):
+        return f"tl.abs({c(0)})" if cd != torch.bool else c(0)
+    if name == "neg":
+        return f"-{paren(c(0))}"
+    if name in ("sign", "sgn"):
+        x = c(0)
+        zero = f"{x} * 0" if cd.is_floating_point else literal(0, cd)
+        return f"tl.where({x} > 0, {literal(1, cd)}, tl.where({x} < 0, {literal(-1, cd)}, {zero}))"
+    if name == "square":
+        return f"{c(0)} * {c(0)}"
+    if name == "lerp":
+        return f"{c(0)} + {c(2)} * ({c(1)} - {c(0)})"
+    if name in ("addcmul", "addcdiv"):
+        value = kw.get("value", 1)
+        op = "*" if name == "addcmul" else "/"
+        return f"{c(0)} + {literal(value, cd)} * {c(1)} {op} {paren(c(2))}"
+    if name == "relu":
+        return f"tl.where({c(0)} < 0, {literal(0, cd)}, {c(0)})"
+    if name == "gelu":
+        x = c(0)
+        if kw.get("approximate", "none") == "tanh":
+            inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
+            return f"0.5 * {x} * (1.0 + libdevice.tanh({inner}))"
+        return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
+    if name == "gelu_backward":
+        if kw.get("approximate", "none") != "none":
+            raise Unsupported("tanh gelu_backward")
+        g, x = c(0), c(1)
+        cdf = f"0.5 * (1.0 + tl.erf({x} * 0.7071067811865476))"
+        pdf = f"tl.exp(-0.5 * {x} * {x}) * 0.3989422804014327"
+        return f"{g} * ({cdf} + {x} * {pdf})"
+    if name == "silu":
+        return f"{c(0)} * tl.sigmoid({c(0)})"
+    if name == "silu_backward":
+        g, x = c(0), c(1)
+        s = w.tmp(f"tl.sigmoid({x})")
+        return f"{g} * {s} * (1.0 + {x} * (1.0 - {s}))"
+    if name == "leaky_relu":
+        slope = args[1] if len(args) > 1 else kw.get("negative_slope", 0.01)
+        return f"tl.where({c(0)} > 0, {c(0)}, {c(0)} * {literal(slope, cd)})"
+    if name == "elu":
+        alpha, scale, iscale = (list(args[1:]) + [1.0, 1.0, 1.0])[:3]
+        x = c(0)
+        return (f"tl.where({x} > 0, {x} * {literal(scale, cd)}, {literal(alpha * scale, cd)} * "
+                f"(tl.exp({x} * {literal(iscale, cd)}) - 1.0))")
+    if name == "softplus":
+        beta, threshold = (list(args[1:]) + [1.0, 20.0])[:2]
+        x = c(0)
+        return (f"tl.where({x} * {literal(beta, cd)} > {literal(threshold, cd)}, {x}, "
+                f"libdevice.log1p(tl.exp({x} * {literal(beta, cd)})) / {literal(beta, cd)})")
+    if name == "mish":
+        x = c(0)
+        return f"{x} * libdevice.tanh(tl.where({x} > 20.0, {x}, libdevice.log1p(tl.exp({x}))))"
+    if name == "hardsigmoid":
+        x = c(0)
+        return f"tl.minimum(tl.maximum({x} / 6.0 + 0.5, 0.0), 1.0)"
+    if name == "hardswish":
+        x = c(0)
+        return f"{x} * tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) / 6.0"
+    if name == "sigmoid_backward":
+        return f"{c(0)} * {c(1)} * (1.0 - {c(1)})"
+    if name == "tanh_backward":
+        return f"{c(0)} * (1.0 - {c(1)} * {c(1)})"
+    if name == "threshold_backward":
+        common = promote([args[1], args[2]])
+        return f"tl.where({cast(args[1], common)} <= {cast(args[2], common)}, {literal(0, cd)}, {c(0)})"
+    if name == "threshold":
+        return f"tl.where({c(0)} <= {c(1)}, {c(2)}, {c(0)})"
+    if name in _COMPARE:
+        common = compute_dtype(promote(ops))
+        return f"{cast(args[0], common)} {_COMPARE[name]} {cast(args[1], common)}"
+    if name in _LOGICAL:
+        return f"{c(0, torch.bool)} {_LOGICAL[name]} {c(1, torch.bool)}"
+    if name == "logical_not":
+        return f"{c(0, torch.bool)} == 0"
+    if name in _BITWISE:
+        if cd.is_floating_point:
+            raise Unsupported("bitwise op on floats")
+        return f"{c(0)} {_BITWISE[name]} {c(1)}"
+    if name == "bitwise_not":
+        return f"{c(0)} == 0" if cd == torch.bool else f"~{paren(c(0))}"
+    if name in ("isnan", "isinf", "isfinite", "isneginf", "isposinf", "signbit"):
+        src = args[0]
+        if not isinstance(src, Var) or not src.dtype.is_floating_point:
+            value = "1" if name == "isfinite" else "0"
+            if name == "signbit" and isinstance(src, Var):
+                return f"{src.name} < 0"
+            return f"tl.full([], {value}, tl.int1)"
+        x = src.name
+        return {
+            "isnan": f"{x} != {x}",
+            "isinf": f"tl.abs({x}) == float(\"inf\")",
+            "isfinite": f"tl.abs({x}) < float(\"inf\")",
+            "isneginf": f"{x} == float(\"-inf\")",
+            "isposinf": f"{x} == float(\"inf\")",
+            "signbit": f"libdevice.signbit({x}) != 0",
+        }[name]
+    if name == "nan_to_num":
+        if not cd.is_floating_point:
+            return c(0)
+        info = torch.finfo(out)
+        nan = args[1] if len(args) > 1 and args[1] is not None else kw.get("nan", 0.0)
+        posinf = args[2] if len(args) > 2 and args[2] is not None else kw.get("posinf") or info.max
+        neginf = args[3] if len(args) > 3 and args[3] is not None else kw.get("neginf") or info.min
+        x = c(0)
+        return (f"tl.where({x} != {x}, {literal(nan or 0.0, cd)}, tl.where({x} == float(\"inf\"), "
+                f"{literal(posinf, cd)}, tl.where({x} == float(\"-inf\"), {literal(neginf, cd)}, {x})))")
+    if name == "where":
+        return f"tl.where({c(0, torch.bool)}, {c(1)}, {c(2)})"
+    if name == "masked_fill":
+        return f"tl.where({c(1, torch.bool)}, {c(2)}, {c(0)})"
+    raise Unsupported(f"no Triton lowering for {name}")
+
+
+def _generator(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+    name = base_name(node)
+    cd = compute_dtype(meta(node).dtype)
+    args, kw = node.args, node.kwargs
+    if name in ("arange", "iota"):
+        if name == "iota":
+            start, step = kw.get("start", args[1] if len(args) > 1 else 0), kw.get("step", 1)
+        elif len(args) == 1:
+            start, step = 0, 1
+        else:
+            start, step = args[0], (args[2] if len(args) > 2 else kw.get("step", 1))
+        pos = idx[0]
+        expr = linear_expr(pos, step, start)
+        return f"tl.full([], 0, {tl_dtype(cd)}) + ({expr})" if pos == "0" else f"({expr}).to({tl_dtype(cd)})"
+    if name in ("fill",) and isinstance(args[1], fx.Node):
+        v = w.value(args[1], (), mask)
+        return cast(Var(v, compute_dtype(meta(args[1]).dtype)), cd)
+    if name in ("full", "new_full"):
+        value = args[1] if name == "full" else args[2]
+    elif name in ("full_like", "fill"):
+        value = args[1]
+    elif name == "scalar_tensor":
+        value = args[0]
+    elif name in ("ones", "ones_like", "new_ones"):
+        value = 1
+    else:
+        value = 0
+    if isinstance(value, fx.Node):
+        raise Unsupported(f"{name} with a tensor value")
+    return f"tl.full([], {literal(value, cd)}, {tl_dtype(cd)})"
+
+
+def linear_expr(pos: str, step: object, start: object) -> str:
+    term = pos if step == 1 else f"{paren(pos)} * {step}"
+    return term if start == 0 else f"{start} + {term}"
+
+
+# ---- views -----------------------------------------------------------------------------------
+
+
+def is_view(node: fx.Node) -> bool:
+    """True when `node` is a view op that code generation treats as index arithmetic."""
+    return node.op == "call_function" and base_name(node) in VIEWS
+
+
+def _norm(dim: int, rank: int) -> int:
+    return dim + rank if dim < 0 else dim
+
+
+def view_source(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
+    """(input node, index into it) for the element at `idx` of view `node`."""
+    name = base_name(node)
+    src = node.args[0]
+    out, inp = meta(node), meta(src)
+    if name in ("view", "reshape", "_unsafe_view", "view_as"):
+        return src, reshape_index(idx, out.shape, inp.shape)
+    if name in ("expand", "expand_as"):
+        return src, broadcast_index(idx, out.shape, inp.shape)
+    if name == "alias":
+        return src, idx
+    if name in ("permute",):
+        dims = [_norm(d, len(inp.shape)) for d in node.args[1]]
+        result = ["0"] * len(inp.shape)
+        for k, d in enumerate(dims):
+            result[d] = idx[k]
+        return src, tuple(result)
+    if name in ("t", "numpy_T"):
+        return src, tuple(reversed(idx))
+    if name == "transpose":
+        d0, d1 = (_norm(d, len(inp.shape)) for d in node.args[1:3])
+        result = list(idx)
+        result[d0], result[d1] = idx[d1], idx[d0]
+        return src, tuple(result)
+    if name == "unsqueeze":
+        d = _norm(node.args[1], len(out.shape))
+        return src, idx[:d] + idx[d + 1:]
+    if name == "squeeze":
+        if len(node.args) == 1:
+            removed = set(range(len(inp.shape)))
+        else:
+            dims = node.args[1] if isinstance(node.args[1], (list, tuple)) else [node.args[1]]
+            removed = {_norm(d, max(len(inp.shape), 1)) for d in dims}
+        result, it = [], iter(idx)
+        for d, size in enumerate(inp.shape):
+            result.append("0" if size == 1 and d in removed else next(it))
+        return src, tuple(result)
+    if name == "slice":
+        dim = _norm(node.args[1] if len(node.args) > 1 else 0, len(inp.shape))
+        start = node.args[2] if len(node.args) > 2 else 0
+        step = node.args[4] if len(node.args) > 4 else 1
+        start = 0 if start is None else start
+        size = inp.shape[dim]
+        start = max(0, min(size, start + size if start < 0 else start))
+        result = list(idx)
+        result[dim] = linear_expr(idx[dim], step, start) if idx[dim] != "0" else str(start)
+        return src, tuple(result)
+    if name == "select":
+        dim = _norm(node.args[1], len(inp.shape))
+        index = node.args[2]
+        index = index + inp.shape[dim] if index < 0 else index
+        return src, idx[:dim] + (str(index),) + idx[dim:]
+    raise Unsupported(f"view {name}")
+
+
+# ---- index ops -------------------------------------------------------------------------------
+
+
+def _and(w: Writer, mask: str, cond: str) -> str:
+    return w.tmp(f"{mask} & ({cond})", prefix="mask")
+
+
+def _index_op(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+    name = base_name(node)
+    out = meta(node)
+    cd = compute_dtype(out.dtype)
+    args = node.args
+    if name == "gather":
+        src, dim, index = args[0], _norm(args[1], len(out.shape)), args[2]
+        i = w.value(index, broadcast_index(idx, out.shape, meta(index).shape), mask)
+        return cast(Var(w.value(src, idx[:dim] + (i,) + idx[dim + 1:], mask), cd), cd)
+    if name == "index_select":
+        src, dim, index = args[0], _norm(args[1], len(out.shape)), args[2]
+        i = w.value(index, (idx[dim],) if meta(index).shape else (), mask)
+        return w.value(src, idx[:dim] + (i,) + idx[dim + 1:], mask)
+    if name == "embedding":
+        weight, indices = args[0], args[1]
+        i = w.value(indices, idx[:-1], mask)
+        return w.value(weight, (i, idx[-1]), mask)
+    if name == "index":
+        src, indices = args[0], args[1]
+        if any(t is None for t in indices):
+            raise Unsupported("index with None entries")
+        metas = [meta(t) for t in indices]
+        if any(m.dtype in (torch.bool, torch.uint8) for m in metas):
+            raise Unsupported("index with boolean masks")
+        bshape = torch.broadcast_shapes(*[m.shape for m in metas])
+        lead = idx[: len(bshape)]
+        positions = []
+        for t, m, d in zip(indices, metas, range(len(indices))):
+            i = w.value(t, broadcast_index(lead, tuple(bshape), m.shape), mask)
+            size = meta(src).shape[d]
+            positions.append(w.tmp(f"tl.where({i} < 0, {i} + {size}, {i})"))
+        return w.value(src, tuple(positions) + idx[len(bshape):], mask)
+    if name == "cat":
+        tensors = [t for t in args[0] if meta(t).numel > 0 or len(meta(t).shape) == len(out.shape)]
+        dim = _norm(args[1] if len(args) > 1 else 0, len(out.shape))
+        pieces, start = [], 0
+        for t in tensors:
+            size = meta(t).shape[dim]
+            if size == 0:
+                continue
+            end = start + size
+            cond = f"({idx[dim]} >= {start}) & ({idx[dim]} < {end})"
+            sub = idx[:dim] + (f"{paren(idx[dim])} - {start}" if start else idx[dim],) + idx[dim + 1:]
+            v = w.value(t, sub, _and(w, mask, cond))
+            pieces.append((cond, cast(Var(v, compute_dtype(meta(t).dtype)), cd)))
+            start = end
+        expr = pieces[-1][1]
+        for cond, v in reversed(pieces[:-1]):
+            expr = w.tmp(f"tl.where({cond}, {v}, {expr})")
+        return expr
+    if name == "constant_pad_nd":
+        src, pad = args[0], args[1]
+        value = args[2] if len(args) > 2 else 0
+        inp = meta(src)
+        sub, conds = list(idx), []
+        for k in range(len(pad) // 2):
+            d = len(out.shape) - 1 - k
+            left = pad[2 * k]
+            sub[d] = f"{paren(idx[d])} - {left}" if left else idx[d]
+            conds.append(f"({sub[d]} >= 0) & ({sub[d]} < {inp.shape[d]})")
+        cond = " & ".join(conds) or "1"
+        v = w.value(src, tuple(sub), _and(w, mask, cond))
+        return f"tl.where({cond}, {cast(Var(v, compute_dtype(inp.dtype)), cd)}, {literal(value or 0, cd)})"
+    if name in ("slice_scatter", "select_scatter"):
+        base, src = args[0], args[1]
+        dim = _norm(args[2] if len(args) > 2 else 0, len(out.shape))
+        size = out.shape[dim]
+        if name == "select_scatter":
+            index = args[3] + size if args[3] < 0 else args[3]
+            cond = f"{idx[dim]} == {index}"
+            sub = idx[:dim] + idx[dim + 1:]
+        else:
+            start = args[3] if len(args) > 3 and args[3] is not None else 0
+            end = args[4] if len(args) > 4 and args[4] is not None else size
+            step = args[5] if len(args) > 5 else 1
+            start = max(0, min(size, start + size if start < 0 else start))
+            end = max(start, min(size, end + size if end < 0 else end))
+            rel = f"{paren(idx[dim])} - {start}" if start else idx[dim]
+            cond = f"({idx[dim]} >= {start}) & ({idx[dim]} < {end})"
+            if step != 1:
+                cond += f" & ({paren(rel)} % {step} == 0)"
+                rel = f"{paren(rel)} // {step}"
+            sub = idx[:dim] + (rel,) + idx[dim + 1:]
+        v_src = w.value(src, sub, _and(w, mask, cond))
+        v_base = w.value(base, idx, mask)
+        return (f"tl.where({cond}, {cast(Var(v_src, compute_dtype(meta(src).dtype)), cd)}, "
+                f"{cast(Var(v_base, compute_dtype(meta(base).dtype)), cd)})")
+    raise Unsupported(f"index op {name}")
+
+
+_INDEX_OPS = frozenset({"gather", "index_select", "embedding", "index", "cat", "constant_pad_nd",
+                        "slice_scatter", "select_scatter"})
+
+
+def evaluate(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+    """Emit the computation of `node` at `idx`; returns the variable holding it."""
+    if node.op != "call_function":
+        raise Unsupported(f"{node.name} is not computed in kernels")
+    out = meta(node)
+    if out.dtype.is_complex:
+        raise Unsupported("complex values")
+    tl_dtype(out.dtype)
+    name = base_name(node)
+    if is_view(node):
+        src, sidx = view_source(node, idx)
+        return w.value(src, sidx, mask)
+    if name in _INDEX_OPS:
+        return w.tmp(_index_op(w, node, idx, mask))
+    if name in _GENERATORS:
+        return w.tmp(_generator(w, node, idx, mask))
+    return w.tmp(_pointwise(w, node, idx, mask))

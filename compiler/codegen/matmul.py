@@ -1,0 +1,106 @@
+"""Matmul kernels (mm, addmm, bmm) with fused pointwise epilogues.
+
+Variant `triton`: the Triton tutorial's tiled matmul (grouped program order, fp32
+accumulator, masked ragged edges) whose epilogue computes the group's other members from
+the accumulator before storing. Variant `aten`: the matmul runs as an ATen call into its
+own buffer, and the epilogue (if any) is a pointwise kernel reading that buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from compiler.codegen import pointwise
+from compiler.codegen.common import (
+    Generated,
+    Unsupported,
+    Writer,
+    assemble,
+    literal,
+    store,
+)
+from compiler.ir import KernelGroup, meta
+from compiler.ops import base_name
+
+DOT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def operands(node: fx.Node) -> tuple[fx.Node | None, fx.Node, fx.Node, float, float]:
+    """(bias, a, b, alpha, beta) of an mm/addmm/bmm node."""
+    name = base_name(node)
+    if name == "addmm":
+        bias, a, b = node.args[:3]
+        return bias, a, b, node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    a, b = node.args[:2]
+    return None, a, b, 1, 1
+
+
+def check(node: fx.Node) -> None:
+    """Raise Unsupported when this matmul must stay an ATen call."""
+    bias, a, b, _, _ = operands(node)
+    da, db, do = meta(a).dtype, meta(b).dtype, meta(node).dtype
+    if da != db or da not in DOT_DTYPES or do != da:
+        raise Unsupported(f"matmul of {da} x {db}")
+
+
+def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: str) -> Generated:
+    """The kernel of a matmul group: the template with epilogue, or the epilogue alone."""
+    mm = group.anchors[0]
+    if variant == "aten":
+        epilogue = [n for n in group.stored if n is not mm]
+        return pointwise.generate(group, writer, comment, members=epilogue)
+    w = writer
+    bias, a, b, alpha, beta = operands(mm)
+    out = meta(mm)
+    batched = len(out.shape) == 3
+    M, N = out.shape[-2:]
+    K = meta(a).shape[-1]
+    w.emit(f"M = {M}")
+    w.emit(f"N = {N}")
+    w.emit(f"K = {K}")
+    w.emit("pid = tl.program_id(0)")
+    w.emit("num_pid_m = tl.cdiv(M, BLOCK_M)")
+    w.emit("num_pid_n = tl.cdiv(N, BLOCK_N)")
+    w.emit("num_pid_in_group = GROUP_M * num_pid_n")
+    w.emit("first_pid_m = (pid // num_pid_in_group) * GROUP_M")
+    w.emit("group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)")
+    w.emit("pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)")
+    w.emit("pid_n = (pid % num_pid_in_group) // group_size_m")
+    cast = ".to(tl.int64)" if w.int64 else ""
+    w.emit(f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){cast}[:, None]")
+    w.emit(f"rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){cast}[None, :]")
+    lead: tuple[str, ...] = ()
+    if batched:
+        w.emit(f"rb = tl.program_id(1){cast}")
+        lead = ("rb",)
+    w.emit("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+    w.emit("for k0 in range(0, K, BLOCK_K):")
+    w.push()
+    w.emit("ka = k0 + tl.arange(0, BLOCK_K)[None, :]")
+    w.emit("kb = k0 + tl.arange(0, BLOCK_K)[:, None]")
+    a_buf, a_off = w.address(a, lead + ("rm", "ka"))
+    b_buf, b_off = w.address(b, lead + ("kb", "rn"))
+    w.emit(f"a = tl.load({w.in_param(a_buf)} + ({a_off}), (rm < M) & (ka < K), other=0.0)")
+    w.emit(f"b = tl.load({w.in_param(b_buf)} + ({b_off}), (kb < K) & (rn < N), other=0.0)")
+    precision = ', input_precision="ieee"' if out.dtype == torch.float32 else ""
+    w.emit(f"acc = tl.dot(a, b, acc{precision})")
+    w.pop()
+    w.emit("mmask = (rm < M) & (rn < N)")
+    natural = lead + ("rm", "rn")
+    value = "acc" if alpha == 1 else f"acc * {literal(alpha, torch.float32)}"
+    if bias is not None:
+        from compiler.codegen.common import broadcast_index
+
+        bv = w.value(bias, broadcast_index(natural, out.shape, meta(bias).shape), "mmask")
+        value = f"{value} + {bv}" if beta == 1 else f"{value} + {bv} * {literal(beta, torch.float32)}"
+    if value != "acc":
+        value = w.tmp(value)
+    w.anchors[mm] = (natural, value)
+    for node in group.stored:
+        if meta(node).shape != out.shape:
+            from compiler.codegen.common import NotFusible
+
+            raise NotFusible(f"{node.name} is not the matmul's shape")
+        store(w, node, natural, w.value(node, natural, "mmask"), "mmask")
+    return assemble(w, group.name, comment, ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"])

@@ -1,0 +1,380 @@
+"""Reduction kernels: XBLOCK rows per program, each reduced over RBLOCK-wide chunks.
+
+Variants (the source depends on the variant, never on the block sizes):
+- `looped`: one loop over the reduced elements per dependency level of the reductions
+  (layer norm: mean, then variance), plus one more for full-size outputs;
+- `persistent`: RBLOCK covers the whole reduced extent, a row lives in registers and
+  every input is read once;
+- `online`: like looped, but a max and the sum of exp(x - max) that follows it are
+  computed in one pass with a running rescale (softmax, log_softmax, cross-entropy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from compiler.codegen.common import (
+    Generated,
+    Index,
+    NotFusible,
+    Unsupported,
+    Writer,
+    assemble,
+    compute_dtype,
+    define_dims,
+    literal,
+    store,
+    tl_dtype,
+)
+from compiler.ir import Domain, KernelGroup, meta
+from compiler.ops import base_name
+
+
+@dataclass(frozen=True)
+class ReductionInfo:
+    """What a reduction node reduces: input, op, dims (sorted, normalized), keepdim."""
+
+    node: fx.Node
+    source: fx.Node
+    op: str
+    dims: tuple[int, ...]
+    keepdim: bool
+
+    @property
+    def domain(self) -> Domain:
+        return Domain(meta(self.source).shape, self.dims)
+
+
+_OPS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
+        "prod": "prod", "any": "any", "all": "all", "argmax": "argmax", "argmin": "argmin"}
+
+
+def reduction_info(node: fx.Node) -> ReductionInfo:
+    """Parse a reduction node; raises Unsupported for forms kept as ATen calls."""
+    name = base_name(node)
+    if name not in _OPS or not isinstance(node.args[0], fx.Node):
+        raise Unsupported(f"reduction {name}")
+    if not hasattr(meta(node), "shape"):
+        raise Unsupported(f"{name} with several outputs")
+    src = node.args[0]
+    rank = len(meta(src).shape)
+    overload = node.target._overloadname  # type: ignore[union-attr]
+    args, kw = list(node.args[1:]), node.kwargs
+    if name in ("max", "min") and overload != "default":
+        raise Unsupported(f"{name}.{overload} returns values and indices")
+    dims: object = None
+    keepdim = False
+    if name in ("argmax", "argmin"):
+        dims = args[0] if args else kw.get("dim")
+        keepdim = bool(args[1] if len(args) > 1 else kw.get("keepdim", False))
+        if dims is not None:
+            dims = [dims]
+    elif overload != "default" or name in ("amax", "amin"):
+        dims = args[0] if args else kw.get("dim", [])
+        keepdim = bool(args[1] if len(args) > 1 else kw.get("keepdim", False))
+    if isinstance(dims, int):
+        dims = [dims]
+    if not dims:  # None or []: every dim
+        dims = list(range(rank))
+    norm = tuple(sorted({d + rank if d < 0 else d for d in dims})) if rank else ()
+    if name in ("argmax", "argmin") and len(norm) > 1 and norm != tuple(range(rank)):
+        raise Unsupported("argmax over several dims")
+    if meta(src).dtype.is_complex:
+        raise Unsupported("complex reduction")
+    return ReductionInfo(node, src, _OPS[name], norm, keepdim)
+
+
+def reduced_index(info: ReductionInfo, full: Index) -> Index:
+    """Index of the reduction's result for row `full` (keepdim: zeros at reduced dims)."""
+    if info.keepdim and len(meta(info.node).shape) == len(full):
+        return tuple("0" if d in info.dims else e for d, e in enumerate(full))
+    if meta(info.node).shape == () and info.dims == tuple(range(len(full))):
+        return ()
+    return tuple(e for d, e in enumerate(full) if d not in info.dims)
+
+
+def _identity(op: str, dtype: torch.dtype) -> str:
+    if op in ("sum", "mean", "any"):
+        return literal(0, dtype)
+    if op in ("prod", "all"):
+        return literal(1, dtype)
+    big = float("inf") if dtype.is_floating_point else (
+        torch.iinfo(dtype).max if dtype != torch.bool else 1)
+    if op in ("max", "argmax"):
+        return literal(-big, dtype) if dtype.is_floating_point or dtype == torch.bool else literal(
+            torch.iinfo(dtype).min, dtype)
+    return literal(big, dtype)
+
+
+def _acc_dtype(info: ReductionInfo) -> torch.dtype:
+    if info.op in ("any", "all"):
+        return torch.int32
+    if info.op in ("max", "min", "argmax", "argmin"):
+        dt = compute_dtype(meta(info.source).dtype)
+        return torch.int32 if dt == torch.bool else dt
+    return compute_dtype(meta(info.node).dtype)
+
+
+PROD_HELPER = "@triton.jit\ndef _kiln_prod(a, b):\n    return a * b\n"
+
+
+class _Reducer:
+    """Emits accumulation and finalization of one reduction."""
+
+    def __init__(self, w: Writer, info: ReductionInfo, k: int) -> None:
+        self.w, self.info, self.k = w, info, k
+        self.dtype = _acc_dtype(info)
+        self.acc = f"acc{k}"
+        self.idx_acc = f"acc{k}_index"
+
+    def value(self, full: Index) -> str:
+        w, info = self.w, self.info
+        v = w.value(info.source, full, "rowmask")
+        if info.op in ("any", "all"):
+            v = f"({v} != 0).to(tl.int32)"
+        elif compute_dtype(meta(info.source).dtype) != self.dtype:
+            v = f"{v}.to({tl_dtype(self.dtype)})"
+        return w.tmp(f"tl.where(rowmask, {v}, {_identity(info.op, self.dtype)})")
+
+    def init(self) -> None:
+        dt = tl_dtype(self.dtype)
+        self.w.emit(f"{self.acc} = tl.full([XBLOCK, RBLOCK], {_identity(self.info.op, self.dtype)}, {dt})")
+        if self.info.op in ("argmax", "argmin"):
+            self.w.emit(f"{self.idx_acc} = tl.full([XBLOCK, RBLOCK], rnumel, tl.int64)")
+
+    def accumulate(self, v: str) -> None:
+        w, op, acc = self.w, self.info.op, self.acc
+        if op in ("sum", "mean"):
+            w.emit(f"{acc} = {acc} + {v}")
+        elif op == "prod":
+            w.emit(f"{acc} = {acc} * {v}")
+        elif op in ("max", "any"):
+            w.emit(f"{acc} = tl.maximum({acc}, {v})")
+        elif op in ("min", "all"):
+            w.emit(f"{acc} = tl.minimum({acc}, {v})")
+        else:
+            cmp = ">" if op == "argmax" else "<"
+            better = w.tmp(f"({v} {cmp} {acc}) | (({v} == {acc}) & (rindex < {self.idx_acc}))")
+            w.emit(f"{acc} = tl.where({better}, {v}, {acc})")
+            w.emit(f"{self.idx_acc} = tl.where({better}, rindex, {self.idx_acc})")
+
+    def finish(self, values: str, indices: str) -> str:
+        """Reduce the [XBLOCK, RBLOCK] block `values` to [XBLOCK, 1]."""
+        w, op, info = self.w, self.info.op, self.info
+        out_dt = compute_dtype(meta(info.node).dtype)
+        if op in ("sum", "mean"):
+            expr = f"tl.sum({values}, 1)[:, None]"
+        elif op == "prod":
+            w.helpers.add(PROD_HELPER)
+            expr = f"tl.reduce({values}, 1, _kiln_prod)[:, None]"
+        elif op in ("max", "any"):
+            expr = f"tl.max({values}, 1)[:, None]"
+        elif op in ("min", "all"):
+            expr = f"tl.min({values}, 1)[:, None]"
+        else:
+            best = w.tmp(f"tl.{'max' if op == 'argmax' else 'min'}({values}, 1)[:, None]")
+            expr = f"tl.min(tl.where({values} == {best}, {indices}, rnumel), 1)[:, None]"
+        var = w.tmp(expr, prefix=f"red{self.k}_")
+        if op == "mean":
+            var = w.tmp(f"{var} / {literal(max(info.domain.rnumel, 1), self.dtype)}" if
+                        self.dtype.is_floating_point else f"{var} // {max(info.domain.rnumel, 1)}")
+        if op in ("any", "all"):
+            var = w.tmp(f"{var} != 0")
+        elif compute_dtype(meta(info.node).dtype) != self.dtype:
+            var = w.tmp(f"{var}.to({tl_dtype(out_dt)})")
+        return var
+
+
+def _levels(group: KernelGroup, infos: dict[fx.Node, ReductionInfo],
+            is_buffer: object) -> dict[fx.Node, int]:
+    """Dependency level of each reduction among the group's reductions."""
+    levels: dict[fx.Node, int] = {}
+    members = set(group.members)
+
+    def deps(node: fx.Node, seen: set[fx.Node]) -> set[fx.Node]:
+        found: set[fx.Node] = set()
+        for arg in node.all_input_nodes:
+            if arg in seen:
+                continue
+            seen.add(arg)
+            if arg in infos:
+                found.add(arg)
+            elif arg in members or not is_buffer(arg):  # type: ignore[operator]
+                found |= deps(arg, seen)
+        return found
+
+    for node in group.members:
+        if node in infos:
+            below = deps(infos[node].source, set()) | ({infos[node].source} & set(infos))
+            levels[node] = 1 + max((levels[d] for d in below if d in levels), default=-1)
+    return levels
+
+
+def _online_pairs(infos: dict[fx.Node, ReductionInfo]) -> dict[fx.Node, fx.Node]:
+    """sum(exp(x - amax(x))) reductions paired with their amax: {sum node: max node}."""
+    pairs = {}
+    for node, info in infos.items():
+        if info.op != "sum":
+            continue
+        e = info.source
+        if not (isinstance(e, fx.Node) and base_name(e) == "exp" and isinstance(e.args[0], fx.Node)):
+            continue
+        s = e.args[0]
+        if base_name(s) != "sub" or len(s.args) != 2 or s.kwargs.get("alpha", 1) != 1:
+            continue
+        x, m = s.args
+        if m in infos and infos[m].op == "max" and infos[m].source is x and infos[m].dims == info.dims:
+            pairs[node] = m
+    return pairs
+
+
+def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: str,
+             is_buffer: object) -> Generated:
+    """A reduction kernel for `group` in `variant` (looped, persistent or online)."""
+    w = writer
+    dom = group.domain
+    shape = dom.shape
+    infos = {n: reduction_info(n) for n in group.anchors}
+    for info in infos.values():
+        if info.domain != dom:
+            raise NotFusible(f"{info.node.name} reduces another domain")
+    kept_shape = tuple(shape[d] for d in dom.kept)
+    red_shape = tuple(shape[d] for d in dom.rdims)
+    w.emit(f"xnumel = {dom.xnumel}")
+    w.emit(f"rnumel = {dom.rnumel}")
+    pid = "tl.program_id(0).to(tl.int64)" if w.int64 else "tl.program_id(0)"
+    w.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+    w.emit("xmask = xindex < xnumel")
+    xdims = define_dims(w, "xindex", kept_shape, "x")
+    w.emit("rbase = tl.arange(0, RBLOCK)[None, :]")
+
+    def full_index(rdims: Index) -> Index:
+        out, xi, ri = [], iter(xdims), iter(rdims)
+        for d in range(len(shape)):
+            out.append(next(ri) if d in dom.rdims else next(xi))
+        return tuple(out)
+
+    def open_rows(loop: bool) -> Index:
+        if loop:
+            w.emit("for roffset in range(0, rnumel, RBLOCK):")
+            w.push()
+            w.emit("rindex = roffset + rbase")
+        else:
+            w.emit("rindex = rbase")
+        w.emit("rmask = rindex < rnumel")
+        w.emit("rowmask = xmask & rmask")
+        rdims = define_dims(w, "rindex", red_shape, "r")
+        full = full_index(rdims)
+        _flat_forms(w, dom, full, shape)
+        return full
+
+    levels = _levels(group, infos, is_buffer)
+    reducers = {n: _Reducer(w, infos[n], k) for k, n in enumerate(sorted(infos, key=group.members.index))}
+    full_members = [n for n in group.stored if n not in infos and meta(n).shape == shape]
+    row_members = [n for n in group.stored if n not in infos and n not in full_members]
+    pairs = _online_pairs(infos) if variant == "online" else {}
+    by_level: dict[int, list[fx.Node]] = {}
+    for n, lv in levels.items():
+        by_level.setdefault(lv, []).append(n)
+    if variant == "persistent":
+        full = open_rows(loop=False)
+        for lv in sorted(by_level):
+            for n in by_level[lv]:
+                r = reducers[n]
+                v = r.value(full)
+                _set_anchor(w, infos[n], r.finish(v, "rindex"), full)
+    else:
+        for lv in sorted(by_level):
+            nodes = [n for n in by_level[lv] if n not in pairs]
+            if not nodes:
+                continue
+            fused = [s for s, m in pairs.items() if m in nodes]
+            for n in nodes:
+                reducers[n].init()
+            for s in fused:
+                w.emit(f"sum{reducers[s].k} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+            full = open_rows(loop=True)
+            for n in nodes:
+                r = reducers[n]
+                v = r.value(full)
+                if n in pairs.values():
+                    _online_step(w, r, v, [reducers[s] for s in fused if pairs[s] is n])
+                else:
+                    r.accumulate(v)
+            w.pop()
+            for n in nodes:
+                r = reducers[n]
+                var = r.finish(r.acc, r.idx_acc)
+                _set_anchor(w, infos[n], var, full_index(tuple("rindex" for _ in dom.rdims)))
+                for s in fused:
+                    if pairs[s] is n:
+                        rs = reducers[s]
+                        scaled = (f"tl.where({r.acc} == float(\"-inf\"), 0.0, "
+                                  f"sum{rs.k} * tl.exp({r.acc} - {var}))")
+                        total = w.tmp(f"tl.sum({scaled}, 1)[:, None]", prefix=f"red{rs.k}_")
+                        _set_anchor(w, infos[s], total, full_index(("rindex",) * len(dom.rdims)))
+        if full_members:
+            full = open_rows(loop=True)
+    if variant != "persistent" and not full_members:
+        full = full_index(("rindex",) * len(dom.rdims))
+    for n in full_members:
+        store(w, n, full, w.value(n, full, "rowmask"), "rowmask")
+    if variant != "persistent" and full_members:
+        w.pop()
+    for n in list(infos) + row_members:
+        if n not in group.stored:
+            continue
+        idx = _row_index(n, infos, xdims, dom, shape)
+        store(w, n, idx, w.value(n, idx, "xmask"), "xmask")
+    return assemble(w, group.name, comment, ["XBLOCK", "RBLOCK"])
+
+
+def _online_step(w: Writer, r: _Reducer, v: str, sums: list[_Reducer]) -> None:
+    """Running max with the sums of exp(x - max) rescaled as the max grows."""
+    new = w.tmp(f"tl.maximum({r.acc}, {v})")
+    for s in sums:
+        w.emit(f"sum{s.k} = tl.where({new} == float(\"-inf\"), 0.0, "
+               f"sum{s.k} * tl.exp({r.acc} - {new}) + tl.where(rowmask, tl.exp({v} - {new}), 0.0))")
+    w.emit(f"{r.acc} = {new}")
+
+
+def _set_anchor(w: Writer, info: ReductionInfo, var: str, full: Index) -> None:
+    w.anchors[info.node] = (reduced_index(info, full), var)
+
+
+def _row_index(n: fx.Node, infos: dict, xdims: Index, dom: Domain, shape: tuple) -> Index:
+    """Natural index of a row-domain member (keepdim or not)."""
+    full = []
+    xi = iter(xdims)
+    for d in range(len(shape)):
+        full.append("0" if d in dom.rdims else next(xi))
+    if n in infos:
+        return reduced_index(infos[n], tuple(full))
+    m = meta(n).shape
+    keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(shape))
+    if m == keep:
+        return tuple(full)
+    drop = tuple(s for d, s in enumerate(shape) if d not in dom.rdims)
+    if m == drop:
+        return tuple(e for d, e in enumerate(full) if d not in dom.rdims)
+    raise NotFusible(f"{n.name} has shape {m}, not a row of {shape}")
+
+
+def _flat_forms(w: Writer, dom: Domain, full: Index, shape: tuple) -> None:
+    n = len(shape)
+    r = len(dom.rdims)
+    if dom.rdims == tuple(range(n - r, n)):
+        flat = "rindex" if dom.xnumel == 1 else f"xindex * {dom.rnumel} + rindex"
+    elif dom.rdims == tuple(range(r)):
+        flat = "xindex" if dom.rnumel == 1 else f"rindex * {dom.xnumel} + xindex"
+    else:
+        return
+    w.flat_forms[(full, shape)] = flat
+    keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(shape))
+    row = tuple("0" if d in dom.rdims else e for d, e in enumerate(full))
+    w.flat_forms[(row, keep)] = "xindex"
+    w.flat_forms[(tuple(e for d, e in enumerate(full) if d not in dom.rdims),
+                  tuple(s for d, s in enumerate(shape) if d not in dom.rdims))] = "xindex"

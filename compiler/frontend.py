@@ -1,0 +1,66 @@
+"""Accept either a `compiler.Graph` or an fx GraphModule plus example inputs, and lower it.
+
+Lowering is deterministic, so `heuristic_schedule` and `build` of one graph share the
+result through a small cache keyed by the graph's hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from torch import fx
+
+from compiler.ir import Program, TensorMeta
+from compiler.lower import lower_fx
+
+_CACHE: OrderedDict[str, Program] = OrderedDict()
+_LOCK = threading.Lock()
+_CACHE_SIZE = 32
+
+
+def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tuple[Program, str]:
+    """(Program, graph_hash) of a `compiler.Graph` or an fx GraphModule with example inputs."""
+    if isinstance(graph, fx.GraphModule):
+        if example_inputs is None:
+            raise ValueError("an fx GraphModule needs example_inputs (tensors or metas)")
+        gm, metas = graph, list(example_inputs)
+        ghash = _fx_hash(gm, metas)
+    elif hasattr(graph, "to_fx") and hasattr(graph, "inputs"):
+        from compiler.keys import graph_hash
+
+        gm, metas = graph.to_fx(), list(graph.inputs)
+        ghash = graph_hash(graph)
+    else:
+        raise TypeError(f"expected compiler.Graph or torch.fx.GraphModule, got {type(graph).__name__}")
+    with _LOCK:
+        if ghash in _CACHE:
+            _CACHE.move_to_end(ghash)
+            return _CACHE[ghash], ghash
+    program = lower_fx(gm, metas)
+    with _LOCK:
+        _CACHE[ghash] = program
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return program, ghash
+
+
+def _fx_hash(gm: fx.GraphModule, metas: list[Any]) -> str:
+    """The wire graph hash when the wire module can encode this graph, else a local one."""
+    try:
+        from compiler.keys import graph_hash
+        from compiler.wire import from_wire, to_wire
+
+        return graph_hash(from_wire(to_wire(gm, metas)))
+    except Exception:  # noqa: BLE001 - unsupported by the wire format: hash locally
+        h = hashlib.sha256(gm.code.encode())
+        for m in metas:
+            t = TensorMeta.of(m) if m is not None else None
+            h.update(repr(t).encode())
+        for name, buf in sorted(gm.named_buffers()):
+            h.update(name.encode())
+            h.update(buf.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()

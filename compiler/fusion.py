@@ -1,0 +1,236 @@
+"""Which nodes become kernels, and which kernels fuse: decided from the graph alone.
+
+1. classify each node (input, pointwise, view, index, reduction, matmul, extern);
+2. realize: reductions, matmuls, ATen calls, graph outputs and ATen-call arguments get
+   buffers; every other pointwise/view/index node is inlined into the kernels that read it;
+3. group the realized nodes in topological order: a node joins an earlier related kernel
+   over the same domain (pointwise chains, producers into reductions, reductions with
+   their consumers, epilogues into matmuls) when its inputs are ready before that kernel
+   runs and code generation accepts the group; otherwise it starts a kernel.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from torch import fx
+from torch.utils._pytree import tree_flatten
+
+from compiler import ops
+from compiler.codegen import NotFusible, Unsupported, generate_kernel
+from compiler.codegen import matmul as matmul_codegen
+from compiler.codegen.common import TL_DTYPES, Writer
+from compiler.codegen.reduction import reduction_info
+from compiler.ir import Domain, ExternStep, KernelGroup, Step, TensorMeta, ViewStep, meta
+
+LAZY = ("pointwise", "view", "index")
+DEFAULT_VARIANT = {"pointwise": "pointwise", "reduction": "looped", "matmul": "triton"}
+
+
+def classify(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    """Kind of every node of `gm`."""
+    return {node: _classify(node) for node in gm.graph.nodes}
+
+
+def _classify(node: fx.Node) -> str:
+    if node.op in ("placeholder", "output"):
+        return "input" if node.op == "placeholder" else "output"
+    if node.op == "get_attr":
+        return "const"
+    if node.target is operator.getitem:
+        return "extern"
+    name = ops.base_name(node)
+    m = node.meta.get("kiln_meta")
+    if not isinstance(m, TensorMeta) or name in ops.NEVER_LOWER or m.dtype not in TL_DTYPES:
+        return "extern"
+    for arg in node.all_input_nodes:
+        am = arg.meta.get("kiln_meta")
+        if not isinstance(am, TensorMeta) or am.dtype not in TL_DTYPES:
+            return "extern"
+    try:
+        if name in ops.MATMULS:
+            matmul_codegen.check(node)
+            return "matmul"
+        if name in ops.REDUCTIONS:
+            reduction_info(node)
+            return "reduction"
+        if name in ops.VIEWS | ops.POINTWISE | ops.INDEXING:
+            kind = "view" if name in ops.VIEWS else "index" if name in ops.INDEXING else "pointwise"
+            w = Writer(members=set(), is_buffer=lambda n: n is not node, int64=False)
+            w.value(node, tuple(f"i{d}" for d in range(len(m.shape))), "mask")
+            return kind
+    except (Unsupported, NotFusible, KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return "extern"
+    return "extern"
+
+
+def plan_steps(gm: fx.GraphModule) -> tuple[list[Step], set[fx.Node]]:
+    """The ordered steps (kernels, ATen calls, views) that compute `gm`, and the set of
+    nodes whose values live in buffers."""
+    kinds = classify(gm)
+    nodes = list(gm.graph.nodes)
+    planner = _Planner(kinds, nodes)
+    steps = planner.run()
+    return steps, planner.sources | planner.realized
+
+
+class _Planner:
+    def __init__(self, kinds: dict[fx.Node, str], nodes: list[fx.Node]) -> None:
+        self.kinds, self.nodes = kinds, nodes
+        out = nodes[-1]
+        self.outputs = [a for a in tree_flatten(out.args)[0] if isinstance(a, fx.Node)]
+        self.realized = {n for n in nodes if kinds[n] in ("reduction", "matmul", "extern")}
+        self.sources = {n for n in nodes if kinds[n] in ("input", "const")}
+        self.aliases: set[fx.Node] = set()
+        self.deps_cache: dict[fx.Node, frozenset[fx.Node]] = {}
+
+    def is_buffer(self, node: fx.Node) -> bool:
+        return node in self.sources or node in self.realized
+
+    def need_buffer(self, node: fx.Node) -> None:
+        while self.kinds[node] == "view":
+            self.aliases.add(node)
+            node = node.args[0]
+        if self.kinds[node] in ("pointwise", "index"):
+            self.realized.add(node)
+
+    def deps(self, node: fx.Node) -> frozenset[fx.Node]:
+        """Buffers that computing `node` (inlining lazy inputs) reads."""
+        found: set[fx.Node] = set()
+        for arg in node.all_input_nodes:
+            if self.is_buffer(arg):
+                found.add(arg)
+            else:
+                if arg not in self.deps_cache:
+                    self.deps_cache[arg] = self.deps(arg)
+                found |= self.deps_cache[arg]
+        return frozenset(found)
+
+    def run(self) -> list[Step]:
+        for n in self.outputs:
+            self.need_buffer(n)
+        for n in self.nodes:
+            if self.kinds[n] in ("extern", "matmul"):
+                for a in n.all_input_nodes:
+                    self.need_buffer(a)
+        steps: list[Step] = []
+        groups: list[KernelGroup] = []
+        position: dict[fx.Node, int] = dict.fromkeys(self.sources, -1)
+        for node in self.nodes:
+            kind = self.kinds[node]
+            if node in self.aliases:
+                steps.append(ViewStep(node))
+                position[node] = len(steps) - 1
+                continue
+            if kind == "extern":
+                steps.append(ExternStep(node))
+                position[node] = len(steps) - 1
+                continue
+            if node not in self.realized:
+                continue
+            deps = self.deps(node)
+            group = self.join(node, kind, deps, groups, position)
+            if group is None:
+                group = self.new_group(node, kind, len(steps))
+                groups.append(group)
+                steps.append(group)
+            position[node] = group.position
+        self.mark_stored(groups, steps)
+        return steps
+
+    def new_group(self, node: fx.Node, kind: str, pos: int) -> KernelGroup:
+        m = meta(node)
+        if kind == "matmul":
+            _, a, _, _, _ = matmul_codegen.operands(node)
+            return KernelGroup(f"kernel_{pos}", "matmul", Domain(m.shape, (), meta(a).shape[-1]),
+                               [node], pos, anchors=[node], dtype=m.dtype)
+        if kind == "reduction":
+            info = reduction_info(node)
+            return KernelGroup(f"kernel_{pos}", "reduction", info.domain, [node], pos,
+                               anchors=[node], dtype=meta(info.source).dtype)
+        return KernelGroup(f"kernel_{pos}", "pointwise", Domain(m.shape), [node], pos, dtype=m.dtype)
+
+    def join(self, node: fx.Node, kind: str, deps: frozenset[fx.Node], groups: list[KernelGroup],
+             position: dict[fx.Node, int]) -> KernelGroup | None:
+        if kind == "matmul":
+            return None
+        shape = meta(node).shape
+        for group in reversed(groups):
+            if not all(d in group.members or position[d] < group.position for d in deps):
+                continue
+            related = bool(deps & set(group.members)) or bool(deps & self.group_reads(group))
+            if not related:
+                continue
+            trial = self.trial(group, node, kind, shape, deps)
+            if trial is None:
+                continue
+            group.kind, group.domain = trial.kind, trial.domain
+            group.members, group.anchors = trial.members, trial.anchors
+            return group
+        return None
+
+    def group_reads(self, group: KernelGroup) -> frozenset[fx.Node]:
+        found: set[fx.Node] = set()
+        for m in group.members:
+            found |= self.deps(m)
+        return frozenset(found)
+
+    def trial(self, group: KernelGroup, node: fx.Node, kind: str, shape: tuple,
+              deps: frozenset[fx.Node]) -> KernelGroup | None:
+        dom = group.domain
+        if kind == "reduction":
+            info = reduction_info(node)
+            if group.kind == "reduction" and dom == info.domain:
+                new_kind, new_dom = "reduction", dom
+            elif group.kind == "pointwise" and dom.shape == info.domain.shape:
+                new_kind, new_dom = "reduction", info.domain
+            else:
+                return None
+        elif group.kind == "matmul":
+            if shape != dom.shape or group.anchors[0] not in deps:
+                return None
+            new_kind, new_dom = "matmul", dom
+        elif group.kind == "reduction":
+            keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(dom.shape))
+            drop = tuple(s for d, s in enumerate(dom.shape) if d not in dom.rdims)
+            if shape not in (dom.shape, keep, drop):
+                return None
+            new_kind, new_dom = "reduction", dom
+        else:
+            if shape != dom.shape:
+                return None
+            new_kind, new_dom = "pointwise", dom
+        anchors = group.anchors + ([node] if kind == "reduction" else [])
+        trial = KernelGroup(group.name, new_kind, new_dom, group.members + [node], group.position,
+                            anchors=anchors, dtype=group.dtype)
+        trial.stored = list(trial.members)
+        try:
+            generate_kernel(trial, DEFAULT_VARIANT[new_kind], self.is_buffer, [])
+        except (NotFusible, Unsupported):
+            return None
+        return trial
+
+    def mark_stored(self, groups: list[KernelGroup], steps: list[Step]) -> None:
+        needed: set[fx.Node] = set()
+        for group in groups:
+            members = set(group.members)
+            for m in group.members:
+                needed |= {d for d in self.deps(m) if d not in members}
+        for step in steps:
+            if isinstance(step, (ExternStep, ViewStep)):
+                needed |= set(step.node.all_input_nodes)
+        needed |= set(self.outputs)
+        for group in groups:
+            group.stored = [m for m in group.members if m in needed]
+            group.inlined = self.closure(group)
+
+    def closure(self, group: KernelGroup) -> list[fx.Node]:
+        """Lazy nodes the group's members inline, in topological order."""
+        found: set[fx.Node] = set()
+        todo = list(group.members)
+        while todo:
+            for arg in todo.pop().all_input_nodes:
+                if arg not in found and not self.is_buffer(arg) and arg not in group.members:
+                    found.add(arg)
+                    todo.append(arg)
+        return [n for n in self.nodes if n in found]

@@ -1,0 +1,110 @@
+"""Configs chosen without measuring: from sizes, dtypes and the target's limits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from compiler.codegen.reduction import _online_pairs, reduction_info
+from compiler.frontend import lower_graph
+from compiler.ir import ExternStep, KernelGroup, Program
+from compiler.ops import op_name
+from compiler.schedule import KernelChoice, Schedule, next_pow2
+
+PERSISTENT_MAX = 4096  # widest reduced extent (elements) kept in registers by default
+
+
+def _target_json(target: Any) -> dict[str, Any]:
+    if target is None:
+        return {}
+    if hasattr(target, "to_json"):
+        return target.to_json()
+    if isinstance(target, dict):
+        return dict(target)
+    raise TypeError(f"target must be a compiler.Target or its JSON, got {type(target).__name__}")
+
+
+def _is_gpu(target: dict[str, Any]) -> bool:
+    return target.get("device_type", "cpu") != "cpu"
+
+
+def pointwise_config(xnumel: int, gpu: bool) -> dict[str, int]:
+    """1024 elements per program on big tensors; fewer (more programs) on small ones."""
+    xblock = min(1024, max(16, next_pow2(xnumel)))
+    warps = 4 if xblock >= 512 else 2 if xblock >= 128 else 1
+    return {"XBLOCK": xblock, "num_warps": warps if gpu else 1, "num_stages": 1}
+
+
+def reduction_choice(group: KernelGroup, gpu: bool) -> tuple[str, dict[str, int]]:
+    """Variant and config of a reduction: persistent rows when they fit, else looped
+    (online when a softmax-style max/sum pair lets one pass replace two)."""
+    dom = group.domain
+    x, r = dom.xnumel, dom.rnumel
+    rblock_full = next_pow2(r)
+    inner = dom.rdims == tuple(range(len(dom.shape) - len(dom.rdims), len(dom.shape)))
+    infos = {n: reduction_info(n) for n in group.anchors}
+    elem_bytes = max(group.dtype.itemsize, 4)
+    if not inner and r > 1:
+        # reduced dims are outer: neighbouring x are contiguous, so give x the wide side
+        xblock = min(64, next_pow2(x))
+        rblock = min(rblock_full, 4096 // xblock if xblock else 64, 64 if x >= 64 else 512)
+        variant = "persistent" if rblock >= r else "looped"
+        return variant, {"XBLOCK": xblock, "RBLOCK": max(rblock, 1), "num_warps": 4 if gpu else 1,
+                         "num_stages": 1}
+    if rblock_full * elem_bytes <= PERSISTENT_MAX * 4:
+        xblock = max(1, min(next_pow2(x), 1024 // rblock_full if rblock_full <= 1024 else 1))
+        warps = min(16, max(1, xblock * rblock_full // 256))
+        return "persistent", {"XBLOCK": xblock, "RBLOCK": rblock_full,
+                              "num_warps": warps if gpu else 1, "num_stages": 1}
+    variant = "online" if _online_pairs(infos) else "looped"
+    return variant, {"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 8 if gpu else 1, "num_stages": 1}
+
+
+def matmul_choice(group: KernelGroup, gpu: bool) -> tuple[str, dict[str, int]]:
+    """The Triton template with tiles sized to the problem and dtype."""
+    shape = group.domain.shape
+    m, n, k = shape[-2], shape[-1], group.domain.k
+    half = group.dtype in (torch.float16, torch.bfloat16)
+    big = m >= 1024 and n >= 1024
+    bm = min(128, max(16, next_pow2(m)))
+    bn = min(256 if (half and big) else 128 if half else 64, max(16, next_pow2(n)))
+    bk = min(64 if half else 32, max(16, next_pow2(k)))
+    warps = 8 if bm * bn >= 128 * 256 else 4
+    stages = (3 if half else 2) if gpu else 1
+    return "triton", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                      "num_warps": warps if gpu else 1, "num_stages": stages}
+
+
+def choose(group: KernelGroup, gpu: bool) -> tuple[str, dict[str, int]]:
+    """Heuristic (variant, config) of one kernel."""
+    if group.kind == "pointwise":
+        return "pointwise", pointwise_config(group.domain.xnumel, gpu)
+    if group.kind == "reduction":
+        return reduction_choice(group, gpu)
+    return matmul_choice(group, gpu)
+
+
+def schedule_for(program: Program, ghash: str, target: Any) -> Schedule:
+    """The heuristic schedule of a lowered program."""
+    tj = _target_json(target)
+    gpu = _is_gpu(tj)
+    kernels = []
+    for group in program.kernels:
+        variant, config = choose(group, gpu)
+        kernels.append(KernelChoice(
+            name=group.name, kind=group.kind, variant=variant,
+            nodes=tuple(program.origin_names(group.members + group.inlined)),
+            sizes=group.sizes, dtype=str(group.dtype).removeprefix("torch."), config=config))
+    externs = sorted({op_name(s.node) for s in program.steps
+                      if isinstance(s, ExternStep) and op_name(s.node) != "operator.getitem"})
+    return Schedule(graph_hash=ghash, target=tj, kernels=tuple(kernels), externs=tuple(externs))
+
+
+def heuristic_schedule(graph: Any, target: Any = None,
+                       example_inputs: Sequence[Any] | None = None) -> Schedule:
+    """A schedule for `graph` (a `compiler.Graph`, or an fx GraphModule with
+    `example_inputs`) on `target`, without measuring anything."""
+    program, ghash = lower_graph(graph, example_inputs)
+    return schedule_for(program, ghash, target)

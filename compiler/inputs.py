@@ -1,0 +1,122 @@
+"""Seeded random inputs for a wire graph, with index inputs drawn inside their valid range."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from compiler.wire import Graph, from_wire
+from compiler.wire_decode import NodeSpec, TensorMeta
+from compiler.wire_schema import Ref
+
+# Ops that only re-shape, copy or re-type a tensor: an index that flows through them is
+# still an index into the same range.
+_PASS_THROUGH = frozenset(
+    f"aten.{name}"
+    for name in (
+        "view.default", "_unsafe_view.default", "reshape.default", "clone.default",
+        "alias.default", "flatten.using_ints", "squeeze.dim", "squeeze.dims",
+        "squeeze.default", "unsqueeze.default", "expand.default", "permute.default",
+        "t.default", "transpose.int", "slice.Tensor", "select.int", "_to_copy.default",
+        "contiguous.default", "detach.default", "lift_fresh_copy.default",
+    )
+) | {"prims.convert_element_type.default"}
+
+# Integers that feed no index op: small non-negative values.
+_DEFAULT_INT_HIGH = 16
+
+
+def _dim_size(shape: tuple[int, ...], dim: Any) -> int | None:
+    if type(dim) is not int or not -len(shape) <= dim < max(len(shape), 1):
+        return None
+    return shape[dim] if shape else 1
+
+
+def _index_bounds(node: NodeSpec, shape_of: Any) -> list[tuple[Any, int]]:
+    """(argument, exclusive upper bound) for each index argument of `node`."""
+    op, a = node.op, list(node.args)
+    kw = node.kwargs
+
+    def arg(i: int, name: str) -> Any:
+        return a[i] if len(a) > i else kw.get(name)
+
+    self_shape = shape_of(a[0]) if a and isinstance(a[0], Ref) else None
+    bounds: list[tuple[Any, int | None]] = []
+    if op == "aten.embedding.default":
+        bounds.append((arg(1, "indices"), shape_of(a[0])[0] if shape_of(a[0]) else None))
+    elif op == "aten.embedding_dense_backward.default":
+        bounds.append((arg(1, "indices"), arg(2, "num_weights")))
+    elif op in ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default", "aten._unsafe_index.Tensor"):
+        indices = arg(1, "indices") or []
+        for k, index in enumerate(indices if isinstance(indices, list) else []):
+            bounds.append((index, self_shape[k] if self_shape and k < len(self_shape) else None))
+    elif op.startswith(("aten.gather.", "aten.index_select.", "aten.scatter", "aten.index_add.", "aten.index_copy.", "aten.index_fill.")):
+        bounds.append((arg(2, "index"), _dim_size(self_shape, arg(1, "dim")) if self_shape else None))
+    elif op in ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default"):
+        bounds.append((arg(1, "target"), self_shape[-1 if len(self_shape) == 1 else 1] if self_shape else None))
+    elif op in ("aten.nll_loss_backward.default", "aten.nll_loss2d_backward.default"):
+        inp = shape_of(a[1]) if len(a) > 1 and isinstance(a[1], Ref) else None
+        bounds.append((arg(2, "target"), inp[-1 if len(inp) == 1 else 1] if inp else None))
+    elif op.startswith("aten.max_pool2d_with_indices_backward.") and len(a) > 7:
+        inp = shape_of(a[1]) if isinstance(a[1], Ref) else None
+        bounds.append((a[7], inp[-1] * inp[-2] if inp and len(inp) >= 2 else None))
+    return [(ref, high) for ref, high in bounds if isinstance(ref, Ref) and isinstance(high, int) and high > 0]
+
+
+def index_ranges(graph: Graph) -> dict[str, int]:
+    """For each integer input that feeds an index op (possibly through views), the
+    exclusive upper bound of valid values (the smallest over its uses)."""
+    shapes: dict[str, tuple[int, ...]] = {i.name: i.shape for i in graph.inputs}
+    shapes.update({c.name: c.shape for c in graph.constants})
+    origin = {i.name: i.name for i in graph.inputs if not i.dtype.is_floating_point}
+    for node in graph.nodes:
+        if isinstance(node.meta, TensorMeta):
+            shapes[node.name] = node.meta.shape
+
+    def shape_of(ref: Ref) -> tuple[int, ...] | None:
+        return shapes.get(ref.name)
+
+    ranges: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op in _PASS_THROUGH and node.args and isinstance(node.args[0], Ref) and node.args[0].name in origin:
+            origin[node.name] = origin[node.args[0].name]
+            continue
+        if node.op == "aten.where.self":  # where(mask, index, fill): still an index
+            picked = [a.name for a in node.args[1:3] if isinstance(a, Ref) and a.name in origin]
+            if picked:
+                origin[node.name] = origin[picked[0]]
+        for ref, high in _index_bounds(node, shape_of):
+            source = origin.get(ref.name)
+            if source is not None:
+                ranges[source] = min(high, ranges.get(source, high))
+    return ranges
+
+
+def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """Seeded random tensors for every graph input, honouring dtype, shape, stride and
+    storage offset. Floats are standard normal; integer inputs that feed index ops
+    (embedding, index, gather, scatter, nll_loss targets, pooling indices) are drawn in
+    [0, size of the indexed dim); other integers in [0, 16); bools uniform. The values
+    are drawn on the CPU, so they are the same for every device. requires_grad is not set.
+    """
+    if not isinstance(graph, Graph):
+        graph = from_wire(graph)
+    gen = torch.Generator().manual_seed(seed)
+    ranges = index_ranges(graph)
+    tensors = []
+    for inp in graph.inputs:
+        numel = 1
+        for s in inp.shape:
+            numel *= s
+        extent = inp.storage_offset + (1 + sum((s - 1) * st for s, st in zip(inp.shape, inp.stride, strict=True)) if numel else 0)
+        if inp.dtype == torch.bool:
+            flat = torch.randint(0, 2, (extent,), generator=gen).bool()
+        elif inp.dtype.is_floating_point or inp.dtype.is_complex:
+            draw_dtype = inp.dtype if inp.dtype.itemsize >= 2 and not str(inp.dtype).startswith("torch.float8") else torch.float32
+            flat = torch.randn(extent, generator=gen, dtype=draw_dtype).to(inp.dtype)
+        else:
+            high = min(ranges.get(inp.name, _DEFAULT_INT_HIGH), torch.iinfo(inp.dtype).max + 1)
+            flat = torch.randint(0, high, (extent,), generator=gen, dtype=torch.int64).to(inp.dtype)
+        tensors.append(flat.to(device).as_strided(inp.shape, inp.stride, inp.storage_offset))
+    return tensors

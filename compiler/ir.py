@@ -1,0 +1,199 @@
+"""kiln's loop-level IR: what lowering decides, before any Triton text exists.
+
+A lowered graph is a `Program`: the aten FX graph (after decomposition, dead-code
+elimination and constant folding) plus an ordered list of steps. Each step is a Triton
+kernel over one iteration domain (`KernelGroup`), an ATen call (`ExternStep`) or a
+zero-copy view of a buffer (`ViewStep`). Views, broadcasts, slices, gathers, `cat` and
+padding inside kernels are index arithmetic in code generation, never copies.
+
+`check_program` is the spec check at the pipeline's boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+KINDS = ("pointwise", "reduction", "matmul")
+VARIANTS = {
+    "pointwise": ("pointwise",),
+    "reduction": ("looped", "persistent", "online"),
+    "matmul": ("triton", "aten"),
+}
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Dtype and layout of one tensor value."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @staticmethod
+    def of(value: object) -> TensorMeta:
+        """Meta of a tensor or of an input description with dtype/shape/stride/storage_offset."""
+        if isinstance(value, torch.Tensor):
+            return TensorMeta(value.dtype, tuple(value.shape), tuple(value.stride()),
+                              value.storage_offset())
+        shape = tuple(int(s) for s in value.shape)  # type: ignore[attr-defined]
+        stride = getattr(value, "stride", None)
+        stride = tuple(int(s) for s in (stride() if callable(stride) else stride or contiguous_strides(shape)))
+        offset = getattr(value, "storage_offset", 0)
+        offset = int(offset() if callable(offset) else offset or 0)
+        return TensorMeta(value.dtype, shape, stride, offset)  # type: ignore[attr-defined]
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of `shape`."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Iteration domain of a kernel.
+
+    pointwise: `shape` is the output shape, `rdims` empty.
+    reduction: `shape` is the reduction input's shape, `rdims` the reduced dims (sorted).
+    matmul: `shape` is the output's shape ([batch,] M, N), `rdims` empty, `k` the inner size.
+    """
+
+    shape: tuple[int, ...]
+    rdims: tuple[int, ...] = ()
+    k: int = 0
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.shape)) if d not in self.rdims)
+
+    @property
+    def xnumel(self) -> int:
+        n = 1
+        for d in self.kept:
+            n *= self.shape[d]
+        return n
+
+    @property
+    def rnumel(self) -> int:
+        n = 1
+        for d in self.rdims:
+            n *= self.shape[d]
+        return n
+
+
+@dataclass
+class KernelGroup:
+    """One Triton kernel: realized nodes computed over one domain.
+
+    `members` are the realized fx nodes in topological order (`anchors`: its reductions or
+    its matmul; other members are pointwise values over the domain or the reduced
+    domain); `inlined` are the lazy nodes (pointwise, views, index ops) evaluated inside;
+    `stored` are the members written to buffers.
+    """
+
+    name: str
+    kind: str
+    domain: Domain
+    members: list[fx.Node]
+    position: int
+    anchors: list[fx.Node] = field(default_factory=list)
+    inlined: list[fx.Node] = field(default_factory=list)
+    stored: list[fx.Node] = field(default_factory=list)
+    reads: list[fx.Node] = field(default_factory=list)
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        d = self.domain
+        if self.kind == "pointwise":
+            return {"xnumel": d.xnumel}
+        if self.kind == "reduction":
+            return {"xnumel": d.xnumel, "rnumel": d.rnumel}
+        batch = d.shape[0] if len(d.shape) == 3 else 1
+        return {"M": d.shape[-2], "N": d.shape[-1], "K": d.k, "batch": batch}
+
+
+@dataclass(frozen=True)
+class ExternStep:
+    """An ATen call (op not lowered to Triton), or a `getitem` of one's tuple result."""
+
+    node: fx.Node
+
+
+@dataclass(frozen=True)
+class ViewStep:
+    """A zero-copy view of a buffer that an ATen call or the graph's outputs need."""
+
+    node: fx.Node
+
+
+Step = KernelGroup | ExternStep | ViewStep
+
+
+@dataclass
+class Program:
+    """A lowered graph: fx graph with metas, the ordered steps, and the node origins."""
+
+    gm: fx.GraphModule
+    steps: list[Step]
+    placeholders: list[fx.Node]
+    origins: dict[str, str]  # node name -> name of the input graph's node it came from
+    original_ops: dict[str, str]  # input graph's node name -> op name
+    buffers: set[fx.Node] = field(default_factory=set)  # nodes whose values live in memory
+
+    def is_buffer(self, node: fx.Node) -> bool:
+        return node in self.buffers
+
+    @property
+    def kernels(self) -> list[KernelGroup]:
+        return [s for s in self.steps if isinstance(s, KernelGroup)]
+
+    def origin_names(self, nodes: list[fx.Node]) -> list[str]:
+        """Input-graph node names behind `nodes`, unique, in input-graph order."""
+        order = {name: i for i, name in enumerate(self.original_ops)}
+        names = {self.origins.get(n.name, n.name) for n in nodes}
+        return sorted((n for n in names if n in order), key=order.__getitem__)
+
+
+def meta(node: fx.Node) -> TensorMeta:
+    """TensorMeta of an fx node's value (set by lowering's metadata propagation)."""
+    value = node.meta.get("kiln_meta")
+    if value is None:
+        raise ValueError(f"node {node.name} ({node.target}) has no tensor metadata")
+    return value
+
+
+def check_program(program: Program) -> None:
+    """The IR spec: raises ValueError when a lowered program breaks an invariant."""
+    seen: set[str] = {p.name for p in program.placeholders}
+    seen |= {n.name for n in program.gm.graph.nodes if n.op == "get_attr"}
+    names = set()
+    for step in program.steps:
+        if isinstance(step, KernelGroup):
+            if step.kind not in KINDS:
+                raise ValueError(f"kernel {step.name}: unknown kind {step.kind!r}")
+            if step.name in names:
+                raise ValueError(f"kernel name {step.name} used twice")
+            names.add(step.name)
+            if not step.members:
+                raise ValueError(f"kernel {step.name} computes nothing")
+            for read in step.reads:
+                if read.name not in seen:
+                    raise ValueError(f"kernel {step.name} reads {read.name} before it exists")
+            seen.update(m.name for m in step.stored)
+        else:
+            seen.add(step.node.name)

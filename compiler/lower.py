@@ -1,0 +1,302 @@
+"""aten FX graph -> kiln IR (`Program`). Reads as a list of steps: see `lower_fx`."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from compiler import ops
+from compiler.fusion import plan_steps
+from compiler.ir import Program, TensorMeta, check_program
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+FOLD_NUMEL = 4096  # constant subgraphs up to this many elements are evaluated at build time
+
+
+def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object]) -> Program:
+    """Lower an aten graph (placeholders described by `example_meta`) to a `Program`."""
+    gm = _private_copy(gm)
+    original_ops = {n.name: ops.op_name(n) for n in gm.graph.nodes if n.op == "call_function"}
+    origins = {n.name: n.name for n in gm.graph.nodes}
+    metas = [TensorMeta.of(m) if m is not None else None for m in example_meta]
+    propagate_meta(gm, metas)                  # 1. dtype/shape/stride of every value
+    decompose_composites(gm, origins)          # 2. layer_norm, softmax, var, ... -> primitives
+    propagate_meta(gm, metas)
+    simplify_identities(gm)                    # 3. clone/alias/x*1/same-dtype casts vanish
+    fold_constants(gm)                         # 4. small constant subgraphs evaluated now
+    gm.graph.eliminate_dead_code()             # 5. dead code elimination
+    gm.recompile()
+    propagate_meta(gm, metas)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    steps, buffers = plan_steps(gm)            # 6. classify, realize, fuse into kernels
+    program = Program(gm, steps, placeholders, origins, original_ops, buffers)
+    name_kernels(program)                      # 7. names from the fused aten ops
+    check_program(program)                     # 8. the IR spec at the pipeline's exit
+    return program
+
+
+def _private_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = copy.deepcopy(gm.graph)
+    return fx.GraphModule(gm, graph)
+
+
+# ---- 1. metadata -------------------------------------------------------------------------
+
+
+def _meta_tensor(m: TensorMeta) -> torch.Tensor:
+    if not m.shape:
+        base = torch.empty(m.offset + 1, dtype=m.dtype, device="meta")
+    else:
+        span = 1 + m.offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride) if s > 0)
+        base = torch.empty(max(span, 1), dtype=m.dtype, device="meta")
+    return base.as_strided(m.shape, m.stride, m.offset)
+
+
+def _to_meta(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    return value
+
+
+def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None]) -> None:
+    """Run the graph on the meta device and record each node's TensorMeta (`kiln_meta`)."""
+    values: dict[fx.Node, object] = {}
+    placeholders = iter(inputs)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            m = next(placeholders, None)
+            values[node] = _meta_tensor(m) if m is not None else None
+        elif node.op == "get_attr":
+            values[node] = _to_meta(_attr(gm, node.target))
+        elif node.op == "call_function":
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+            try:
+                values[node] = node.target(*args, **kwargs)
+            except Exception as exc:  # an op the meta device cannot run: no metadata
+                raise ValueError(f"node {node.name} ({ops.op_name(node)}): cannot infer its "
+                                 f"shape ({type(exc).__name__}: {exc})") from exc
+        elif node.op == "output":
+            continue
+        else:
+            raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
+        node.meta["kiln_meta"] = tree_map(
+            lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else None, values[node])
+
+
+def _attr(gm: fx.GraphModule, target: str) -> object:
+    obj: object = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ---- 2. composite ops --------------------------------------------------------------------
+
+
+def _var(x, dim=None, *, correction=None, keepdim=False):  # noqa: ANN001, ANN202
+    dims = list(range(x.dim())) if dim is None else dim
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    mean = aten.mean.dim(x, dims, True)
+    sq = (x - mean) * (x - mean)
+    c = 1 if correction is None else correction
+    return aten.sum.dim_IntList(sq, dims, keepdim) / max(n - c, 0)
+
+
+def _std(x, dim=None, *, correction=None, keepdim=False):  # noqa: ANN001, ANN202
+    return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):  # noqa: ANN001, ANN202
+    dims = list(range(x.dim())) if dim is None else dim
+    return (_var(x, dims, correction=correction, keepdim=keepdim),
+            aten.mean.dim(x, dims, keepdim))
+
+
+def _logsumexp(x, dim, keepdim=False):  # noqa: ANN001, ANN202
+    m = aten.amax(x, dim, True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    out = torch.log(aten.sum.dim_IntList(torch.exp(x - m), dim, True)) + m
+    return out if keepdim else aten.squeeze.dims(out, dim)
+
+
+# Decompositions kiln adds to the shared table, for reductions it lowers as two passes.
+_KILN_DECOMPS: dict[object, Callable] = {
+    aten.var.correction: _var,
+    aten.std.correction: _std,
+    aten.var_mean.correction: _var_mean,
+    aten.logsumexp.default: _logsumexp,
+}
+
+
+def _lowered_natively(node: fx.Node) -> bool:
+    name = ops.base_name(node)
+    if name in ("var", "std", "var_mean", "logsumexp"):
+        return False
+    return name in ops.POINTWISE | ops.VIEWS | ops.INDEXING | ops.REDUCTIONS | ops.MATMULS
+
+
+def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
+    """Replace composite ops (layer norm, softmax, var, ...) by the primitives they are made of."""
+    from compiler.decompositions import decompositions
+
+    table = decompositions()
+    table.update(_KILN_DECOMPS)
+    for _ in range(4):  # a decomposition may produce ops that decompose further
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in table:
+                continue
+            if _lowered_natively(node) or ops.base_name(node) in ops.NEVER_LOWER:
+                continue
+            changed |= _splice_decomposition(gm, node, table, origins)
+        if not changed:
+            break
+
+
+def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
+                          origins: dict[str, str]) -> bool:
+    flat, spec = tree_flatten((node.args, node.kwargs))
+    positions = [i for i, a in enumerate(flat) if isinstance(a, fx.Node)]
+    metas = []
+    for i in positions:
+        m = flat[i].meta.get("kiln_meta")
+        if not isinstance(m, TensorMeta):
+            return False
+        metas.append(_meta_tensor(m))
+    decomp = table[node.target]
+
+    def fn(*tensors: torch.Tensor) -> object:
+        values = list(flat)
+        for i, t in zip(positions, tensors):
+            values[i] = t
+        args, kwargs = tree_unflatten(values, spec)
+        return decomp(*args, **kwargs)
+
+    try:
+        sub = make_fx(fn, decomposition_table=table)(*metas)
+    except Exception as exc:  # leave it whole: it becomes an ATen call
+        log.debug("cannot decompose %s: %s", node.name, exc)
+        return False
+    env: dict[fx.Node, fx.Node] = {}
+    sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    for sub_node, i in zip(sub_inputs, positions):
+        env[sub_node] = flat[i]
+    for sub_node in sub.graph.nodes:
+        if sub_node.op == "get_attr":
+            name = f"_kiln_const_{len(list(gm.named_buffers()))}"
+            gm.register_buffer(name, _attr(sub, sub_node.target).detach().clone())
+            sub_node.target = name
+    before = set(gm.graph.nodes)
+    with gm.graph.inserting_before(node):
+        out = gm.graph.graph_copy(sub.graph, env)
+    for new in gm.graph.nodes:
+        if new not in before:
+            origins[new.name] = origins.get(node.name, node.name)
+    if isinstance(out, (tuple, list)):
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                return False
+            user.replace_all_uses_with(out[user.args[1]])
+            gm.graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+    return True
+
+
+# ---- 3./4. identities and constants -----------------------------------------------------
+
+_IDENTITY_OPS = frozenset({"clone", "alias", "detach", "lift_fresh_copy", "_to_copy",
+                           "convert_element_type", "expand", "view", "reshape", "_unsafe_view"})
+
+
+def simplify_identities(gm: fx.GraphModule) -> None:
+    """Drop ops whose result equals their first input: same-layout copies and casts, x*1, x+0."""
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outputs = {a for a in tree_flatten(out_node.args)[0] if isinstance(a, fx.Node)}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node in outputs or not node.args:
+            continue
+        src = node.args[0]
+        if not isinstance(src, fx.Node):
+            continue
+        m, s = node.meta.get("kiln_meta"), src.meta.get("kiln_meta")
+        if not isinstance(m, TensorMeta) or not isinstance(s, TensorMeta):
+            continue
+        if (m.dtype, m.shape, m.stride) != (s.dtype, s.shape, s.stride):
+            continue
+        name = ops.base_name(node)
+        same = name in _IDENTITY_OPS and _only_layout_kwargs(node)
+        if name in ("mul", "div") and len(node.args) == 2 and node.args[1] == 1 and not node.kwargs:
+            same = True
+        if name in ("add", "sub") and len(node.args) == 2 and node.args[1] == 0 and not node.kwargs:
+            same = True
+        if same:
+            node.replace_all_uses_with(src)
+            gm.graph.erase_node(node)
+
+
+def _only_layout_kwargs(node: fx.Node) -> bool:
+    allowed = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
+    if not set(node.kwargs) <= allowed:
+        return False
+    device = node.kwargs.get("device")
+    return device is None
+
+
+def fold_constants(gm: fx.GraphModule) -> None:
+    """Evaluate nodes whose tensor inputs are all small constants; keep them as constants."""
+    consts: dict[fx.Node, torch.Tensor] = {}
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr":
+            value = _attr(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                consts[node] = value
+            continue
+        if node.op != "call_function" or ops.base_name(node) in ops.NEVER_LOWER:
+            continue
+        tensor_args = [a for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node)]
+        m = node.meta.get("kiln_meta")
+        if not tensor_args or not all(a in consts for a in tensor_args):
+            continue
+        if not isinstance(m, TensorMeta) or m.numel > FOLD_NUMEL:
+            continue
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), consts.__getitem__)
+        kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+        try:
+            value = node.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not foldable here; it stays in the graph
+            continue
+        if not isinstance(value, torch.Tensor):
+            continue
+        name = f"_kiln_folded_{node.name}"
+        gm.register_buffer(name, value.detach().clone().contiguous())
+        with gm.graph.inserting_before(node):
+            new = gm.graph.get_attr(name)
+        new.meta["kiln_meta"] = TensorMeta.of(value)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        consts[new] = value
+
+
+def name_kernels(program: Program) -> None:
+    """`fused_<first four aten ops>_<i>` names, e.g. `fused_native_layer_norm_gelu_add_0`."""
+    for i, group in enumerate(program.kernels):
+        names: list[str] = []
+        for origin in program.origin_names(group.inlined + group.members):
+            op = program.original_ops[origin].split(".")
+            base = op[1] if len(op) > 2 else op[-1]
+            if base not in names and base != "getitem":
+                names.append(base)
+        group.name = "fused_" + "_".join(names[:4] or [group.kind]) + f"_{i}"

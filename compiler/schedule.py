@@ -1,0 +1,185 @@
+"""Schedules (`kiln.schedule/1`): fusion groups, each kernel's variant, config and source hash.
+
+A schedule holds decisions, never code. Tuning changes `variant` (within a kernel's kind)
+and `config`; the groups (`nodes`) come from the graph alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from compiler.ir import KINDS, VARIANTS
+
+FORMAT = "kiln.schedule/1"
+STATUSES = ("heuristic", "tuned")
+CONFIG_KEYS = {
+    "pointwise": ("XBLOCK", "num_warps", "num_stages"),
+    "reduction": ("XBLOCK", "RBLOCK", "num_warps", "num_stages"),
+    "matmul": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+}
+MAX_BLOCK_NUMEL = 1 << 20  # Triton's limit on the elements of one block
+WARPS = (1, 2, 4, 8, 16, 32)
+
+
+class ScheduleMismatch(ValueError):
+    """The schedule does not fit this graph or compiler: another graph, other fusion
+    groups, or a kernel whose generated source differs from the recorded hash."""
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def validate_config(kind: str, variant: str, config: dict[str, Any], sizes: dict[str, int],
+                    name: str = "kernel") -> None:
+    """Raise ValueError, naming the kernel and the key, for a config invalid for its kind."""
+    if kind not in KINDS:
+        raise ValueError(f"{name}: unknown kind {kind!r}")
+    if variant not in VARIANTS[kind]:
+        raise ValueError(f"{name}: variant {variant!r} is not one of {VARIANTS[kind]}")
+    if not isinstance(config, dict):
+        raise ValueError(f"{name}: config must be an object")
+    if kind == "matmul" and variant == "aten":
+        return
+    keys = CONFIG_KEYS[kind]
+    missing = [k for k in keys if k not in config]
+    extra = [k for k in config if k not in keys]
+    if missing or extra:
+        raise ValueError(f"{name}: config keys must be {list(keys)} (missing {missing}, unknown {extra})")
+    for key in keys:
+        value = config[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name}: config {key} must be an integer, got {value!r}")
+    if config["num_warps"] not in WARPS:
+        raise ValueError(f"{name}: num_warps must be one of {WARPS}, got {config['num_warps']}")
+    if not 1 <= config["num_stages"] <= 8:
+        raise ValueError(f"{name}: num_stages must be in 1..8, got {config['num_stages']}")
+    blocks = [k for k in keys if k.endswith("BLOCK") or k.startswith("BLOCK")]
+    for key in blocks:
+        if not _pow2(config[key]) or config[key] > MAX_BLOCK_NUMEL:
+            raise ValueError(f"{name}: {key} must be a power of two <= {MAX_BLOCK_NUMEL}, got {config[key]}")
+    if kind == "reduction":
+        if config["XBLOCK"] * config["RBLOCK"] > MAX_BLOCK_NUMEL:
+            raise ValueError(f"{name}: XBLOCK*RBLOCK exceeds {MAX_BLOCK_NUMEL}")
+        if variant == "persistent" and config["RBLOCK"] < sizes.get("rnumel", 0):
+            raise ValueError(f"{name}: persistent needs RBLOCK >= rnumel ({sizes['rnumel']}), "
+                             f"got {config['RBLOCK']}")
+    if kind == "matmul":
+        for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            if not 16 <= config[key] <= 512:
+                raise ValueError(f"{name}: {key} must be in 16..512, got {config[key]}")
+        if not 1 <= config["GROUP_M"] <= 64:
+            raise ValueError(f"{name}: GROUP_M must be in 1..64, got {config['GROUP_M']}")
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """One kernel of a schedule."""
+
+    name: str
+    kind: str
+    variant: str
+    nodes: tuple[str, ...]
+    sizes: dict[str, int]
+    dtype: str
+    config: dict[str, int]
+    source_hash: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "variant": self.variant,
+                "nodes": list(self.nodes), "sizes": dict(self.sizes), "dtype": self.dtype,
+                "config": dict(self.config), "source_hash": self.source_hash}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> KernelChoice:
+        if not isinstance(d, dict):
+            raise ValueError("kernel entry must be an object")
+        try:
+            choice = KernelChoice(
+                name=_str(d["name"], "name"), kind=_str(d["kind"], "kind"),
+                variant=_str(d["variant"], "variant"),
+                nodes=tuple(_str(n, "nodes[]") for n in d["nodes"]),
+                sizes={_str(k, "sizes"): int(v) for k, v in dict(d["sizes"]).items()},
+                dtype=_str(d["dtype"], "dtype"), config=dict(d["config"]),
+                source_hash=d.get("source_hash"))
+        except KeyError as exc:
+            raise ValueError(f"kernel entry lacks {exc.args[0]!r}") from None
+        except (TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed kernel entry: {exc}") from None
+        if choice.source_hash is not None and (
+                not isinstance(choice.source_hash, str) or len(choice.source_hash) != 64):
+            raise ValueError(f"{choice.name}: source_hash must be 64 hex digits or null")
+        validate_config(choice.kind, choice.variant, choice.config, choice.sizes, choice.name)
+        return choice
+
+
+def _str(v: object, what: str) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"schedule field {what} must be a string, got {type(v).__name__}")
+    return v
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How to build one graph for one target."""
+
+    graph_hash: str
+    target: dict[str, Any]
+    kernels: tuple[KernelChoice, ...]
+    externs: tuple[str, ...] = ()
+    status: str = "heuristic"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "graph_hash": self.graph_hash, "target": dict(self.target),
+                "status": self.status, "kernels": [k.to_json() for k in self.kernels],
+                "externs": list(self.externs)}
+
+    @staticmethod
+    def from_json(d: dict[str, Any] | str | bytes) -> Schedule:
+        """Parse and validate; raises ValueError naming what is wrong."""
+        if isinstance(d, (str, bytes)):
+            import json
+
+            try:
+                d = json.loads(d)
+            except ValueError as exc:
+                raise ValueError(f"schedule is not JSON: {exc}") from None
+        if not isinstance(d, dict):
+            raise ValueError("schedule must be a JSON object")
+        if d.get("format") != FORMAT:
+            raise ValueError(f"schedule format must be {FORMAT!r}, got {d.get('format')!r}")
+        status = d.get("status", "heuristic")
+        if status not in STATUSES:
+            raise ValueError(f"schedule status must be one of {STATUSES}, got {status!r}")
+        kernels = d.get("kernels")
+        if not isinstance(kernels, list):
+            raise ValueError("schedule kernels must be a list")
+        target = d.get("target", {})
+        if not isinstance(target, dict):
+            raise ValueError("schedule target must be an object")
+        externs = d.get("externs", [])
+        if not isinstance(externs, list) or not all(isinstance(e, str) for e in externs):
+            raise ValueError("schedule externs must be a list of op names")
+        return Schedule(graph_hash=_str(d.get("graph_hash"), "graph_hash"), target=target,
+                        kernels=tuple(KernelChoice.from_json(k) for k in kernels),
+                        externs=tuple(externs), status=status)
+
+    def kernel(self, name: str) -> KernelChoice:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    def with_kernel(self, name: str, **changes: Any) -> Schedule:
+        """A copy with one kernel's fields replaced (e.g. variant, config, source_hash)."""
+        kernels = tuple(replace(k, **changes) if k.name == name else k for k in self.kernels)
+        if kernels == self.kernels and name not in {k.name for k in self.kernels}:
+            raise KeyError(name)
+        return replace(self, kernels=kernels)

@@ -1,0 +1,162 @@
+"""Rebuild an fx GraphModule from checked wire specs, and infer every node's meta.
+
+Meta inference runs the graph on `meta` tensors (no data, no memory), forcing every
+factory op onto the meta device, so a hostile graph can never allocate: each node's
+result is checked against the size limits before the next node runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from compiler.settings import WireLimits
+from compiler.wire_decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
+from compiler.wire_schema import GETITEM, Ref, WireError
+
+_META = torch.device("meta")
+# Ops returning a list whose length is ceil(size / split_size) rather than bounded by args.
+_SPLIT_OPS = frozenset({"aten.split.Tensor", "aten.unsafe_split.Tensor", "aten.split_copy.Tensor"})
+
+
+def _replace_devices(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.device):
+        return device
+    if isinstance(value, list):
+        return [_replace_devices(v, device) for v in value]
+    return value
+
+
+def build_fx(spec: GraphSpec, device: str | torch.device | None = None) -> fx.GraphModule:
+    """An fx GraphModule computing `spec`; placeholders in input order, tuple output.
+
+    `device` (optional) replaces every device argument and places the constants there;
+    None keeps the devices the wire names (constants on the CPU).
+    """
+    override = torch.device(device) if device is not None else None
+    graph = fx.Graph()
+    root = nn.Module()
+    env: dict[str, fx.Node] = {}
+    for inp in spec.inputs:
+        env[inp.name] = graph.placeholder(inp.name)
+    for const in spec.constants:
+        root.register_buffer(const.name, const.tensor(override or "cpu"))
+        env[const.name] = graph.get_attr(const.name)
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, Ref):
+            return env[value.name]
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        if override is not None and isinstance(value, torch.device):
+            return override
+        return value
+
+    for node in spec.nodes:
+        args = tuple(resolve(a) for a in node.args)
+        kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
+        if override is not None and node.op != GETITEM and "device" in _arg_names(node.target):
+            kwargs.setdefault("device", override)  # factory ops default to the CPU otherwise
+        env[node.name] = graph.create_node("call_function", node.target, args, kwargs, name=node.name)
+    graph.output(tuple(env[r.name] if r is not None else None for r in spec.outputs))
+    return fx.GraphModule(root, graph)
+
+
+def _arg_names(target: Any) -> set[str]:
+    return {a.name for a in target._schema.arguments}
+
+
+def _result_meta(value: Any, node: str, limits: WireLimits) -> NodeMeta:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return _tensor_meta(value, node, limits)
+    if type(value) is int:  # a static int picked out of a multi-result op
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(None if v is None else v if type(v) is int else _tensor_meta(v, node, limits) for v in value)
+    raise WireError(f"returns a {type(value).__name__}, not tensors (data-dependent ops are not supported)", node)
+
+
+def _tensor_meta(value: Any, node: str, limits: WireLimits) -> TensorMeta:
+    if not isinstance(value, torch.Tensor):
+        raise WireError(f"returns a {type(value).__name__} among its results", node)
+    if value.dim() > limits.max_rank:
+        raise WireError(f"result has rank {value.dim()} > limit {limits.max_rank}", node)
+    if value.numel() > limits.max_numel:
+        raise WireError(f"result has {value.numel()} elements > limit {limits.max_numel}", node)
+    return TensorMeta(value.dtype, tuple(value.shape), tuple(value.stride()))
+
+
+def _list_bound(node: NodeSpec, args: tuple, kwargs: dict) -> int:
+    """An upper bound on how many tensors a list-returning op makes from these arguments."""
+    if node.op in _SPLIT_OPS and isinstance(args[0], torch.Tensor) and len(args) > 1:
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+        split = args[1]
+        if type(split) is int and split > 0 and type(dim) is int and -args[0].dim() <= dim < max(args[0].dim(), 1):
+            return math.ceil(args[0].shape[dim] / split) if args[0].dim() else 1
+    bound = 1
+    for value in list(args) + list(kwargs.values()):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, torch.Tensor):
+                bound = max(bound, *v.shape, 1)
+            elif type(v) is int:
+                bound = max(bound, v)
+        if isinstance(value, (list, tuple)):
+            bound = max(bound, len(value))
+    return bound
+
+
+class _MetaRun(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, spec: GraphSpec, display: Mapping[str, str], limits: WireLimits):
+        super().__init__(gm, garbage_collect_values=True)
+        self.nodes = {n.name: n for n in spec.nodes}
+        self.display, self.limits = display, limits
+        self.metas: dict[str, NodeMeta] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op != "call_function":
+            return super().run_node(n)
+        spec = self.nodes[n.name]
+        where = self.display.get(n.name, n.name)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if spec.op == GETITEM:
+            if not isinstance(args[0], (list, tuple)):
+                raise WireError("operator.getitem applies only to ops with several results", where)
+            if not -len(args[0]) <= args[1] < len(args[0]):
+                raise WireError(f"operator.getitem index {args[1]} out of range for {len(args[0])} results", where)
+        elif any(r.type.kind() == "ListType" for r in spec.target._schema.returns):
+            bound = _list_bound(spec, args, kwargs)
+            if bound > self.limits.max_nodes:
+                raise WireError(f"{spec.op} could return {bound} tensors > limit {self.limits.max_nodes}", where)
+        try:
+            result = n.target(*args, **kwargs)
+        except WireError:
+            raise
+        except Exception as e:  # any failure of an op on these arguments is the graph's fault
+            message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise WireError(f"{spec.op} fails on its arguments: {type(e).__name__}: {message}", where) from None
+        self.metas[n.name] = _result_meta(result, where, self.limits)
+        return result
+
+
+def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits) -> dict[str, NodeMeta]:
+    """Each node's result meta, computed on meta tensors; WireError naming the node if an op
+    rejects its arguments or a result passes the limits. `display` maps names to the names
+    errors should use."""
+    gm = build_fx(spec, device=_META)
+    inputs = []
+    for inp in spec.inputs:
+        extent = inp.storage_offset + 1 + sum((s - 1) * st for s, st in zip(inp.shape, inp.stride, strict=True))
+        base = torch.empty(max(extent, inp.storage_offset), dtype=inp.dtype, device=_META)
+        inputs.append(base.as_strided(inp.shape, inp.stride, inp.storage_offset))
+    run = _MetaRun(gm, spec, display, limits)
+    try:
+        run.run(*inputs)
+    except RecursionError:
+        raise WireError("graph too deep to check") from None
+    return run.metas

@@ -1,0 +1,219 @@
+"""Vocabulary of the kiln.graph/1 wire format: errors, references, enum tables, ops, values.
+
+Everything a client sends is matched against fixed tables built from torch at import
+time (dtypes, layouts, memory formats, device types) or resolved by walking the
+`torch.ops.aten` / `torch.ops.prims` namespaces with a strict identifier check. Nothing
+a client sends is ever imported, evaluated or unpickled.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FORMAT = "kiln.graph/1"
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class WireError(ValueError):
+    """A wire graph that kiln refuses; the message names the node (when one is at fault)
+    and the reason."""
+
+    def __init__(self, reason: str, node: str | None = None) -> None:
+        self.reason = reason
+        self.node = node
+        super().__init__(f"node {node!r}: {reason}" if node is not None else reason)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to an input, a node or a constant, by name."""
+
+    name: str
+
+
+def _named(kind: type) -> dict[str, Any]:
+    """torch's public values of one type, by canonical name (`float32`, `strided`, ...)."""
+    table = {}
+    for attr in dir(torch):
+        value = getattr(torch, attr, None)
+        if isinstance(value, kind):
+            table[str(value).removeprefix("torch.")] = value
+    return table
+
+
+DTYPES: dict[str, torch.dtype] = _named(torch.dtype)
+LAYOUTS: dict[str, torch.layout] = _named(torch.layout)
+MEMORY_FORMATS: dict[str, torch.memory_format] = _named(torch.memory_format)
+# The device index never travels: eight ranks of one job share one graph.
+DEVICE_TYPES = frozenset({"cpu", "cuda", "meta", "xpu", "mps"})
+
+ENUM_KEYS = {"dtype": DTYPES, "layout": LAYOUTS, "memory_format": MEMORY_FORMATS}
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+GETITEM = "operator.getitem"
+_NAMESPACES = {"aten": torch.ops.aten, "prims": torch.ops.prims}
+_OP_RE = re.compile(r"(aten|prims)\.([A-Za-z][A-Za-z0-9_]*|_[A-Za-z0-9][A-Za-z0-9_]*)\.([A-Za-z][A-Za-z0-9_]*)")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def valid_name(name: object, max_chars: int) -> bool:
+    """Whether `name` may name an input, node or constant."""
+    return (
+        isinstance(name, str) and len(name) <= max_chars and _NAME_RE.fullmatch(name) is not None
+    )
+
+
+def op_name(target: Any) -> str:
+    """The wire name of an fx call target (`aten.add.Tensor`); WireError if not allowed."""
+    if target is operator.getitem:
+        return GETITEM
+    if isinstance(target, torch._ops.OpOverload):
+        namespace, _, packet = target._schema.name.partition("::")
+        name = f"{namespace}.{packet}.{target._overloadname}"
+        if namespace in _NAMESPACES and _OP_RE.fullmatch(name):
+            return name
+        raise WireError(f"op {name} is outside the aten and prims namespaces")
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        raise WireError(f"op {target} is an overload packet; trace to aten overloads (make_fx)")
+    raise WireError(f"call target {getattr(target, '__name__', type(target).__name__)!s} is not an aten or prims op")
+
+
+def resolve_op(name: object) -> Any:
+    """The OpOverload (or `operator.getitem`) a wire op name denotes; WireError otherwise.
+
+    Only `aten.*.*`, `prims.*.*` and `operator.getitem` are accepted; the packet is looked
+    up as an attribute of the fixed namespace object after a strict identifier check, so
+    no client text reaches an import or an eval.
+    """
+    if not isinstance(name, str):
+        raise WireError(f"op must be a string, got {type(name).__name__}")
+    if name == GETITEM:
+        return operator.getitem
+    match = _OP_RE.fullmatch(name) if len(name) <= 256 else None
+    if match is None:
+        raise WireError(
+            f"op {name[:80]!r} is not allowed (only aten.<op>.<overload>, "
+            "prims.<op>.<overload> and operator.getitem)"
+        )
+    namespace, packet_name, overload_name = match.groups()
+    try:
+        packet = getattr(_NAMESPACES[namespace], packet_name)
+    except (AttributeError, RuntimeError):
+        packet = None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        raise WireError(f"op {name} does not exist in this torch build")
+    if overload_name not in packet.overloads():
+        raise WireError(f"op {name}: {namespace}.{packet_name} has no overload {overload_name!r}")
+    overload = getattr(packet, overload_name)
+    if not isinstance(overload, torch._ops.OpOverload):
+        raise WireError(f"op {name} is not an OpOverload")
+    return overload
+
+
+def _is_str_in(value: object, table: Any) -> bool:
+    return isinstance(value, str) and value in table
+
+
+def encode_float(value: float) -> float | dict[str, str]:
+    """A float as JSON: a number when finite, `{"float": "nan"|"inf"|"-inf"}` otherwise."""
+    if math.isnan(value):
+        return {"float": "nan"}
+    if math.isinf(value):
+        return {"float": "inf" if value > 0 else "-inf"}
+    return value
+
+
+def decode_float(value: object) -> float | None:
+    """The float a JSON value encodes, or None when it is not a float encoding."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if type(value) is dict and len(value) == 1 and _is_str_in(value.get("float"), NON_FINITE):
+        return NON_FINITE[value["float"]]
+    return None
+
+
+def encode_value(value: Any, names: dict[Any, str], max_str: int) -> Any:
+    """An fx argument as a wire value; `names` maps fx nodes to their wire names."""
+    if value is None or type(value) is bool:
+        return value
+    if type(value) is int:
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise WireError(f"integer argument {value} does not fit in int64")
+        return value
+    if type(value) is float:
+        return encode_float(value)
+    if type(value) is str:
+        if len(value) > max_str:
+            raise WireError(f"string argument longer than {max_str} characters")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [encode_value(v, names, max_str) for v in value]
+    if isinstance(value, torch.fx.Node):
+        return {"ref": names[value]}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.layout):
+        return {"layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": value.type}
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise WireError("symbolic sizes are not supported; trace with static shapes")
+    raise WireError(f"argument of type {type(value).__name__} is not supported on the wire")
+
+
+def decode_value(value: Any, depth: int, max_depth: int, max_str: int) -> Any:
+    """A wire value as a Python argument (`Ref` for references); WireError if malformed."""
+    if value is None or type(value) is bool:
+        return value
+    if type(value) is int:
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise WireError(f"integer {value} does not fit in int64")
+        return value
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise WireError('non-finite float must be written {"float": "nan"|"inf"|"-inf"}')
+        return value
+    if type(value) is str:
+        if len(value) > max_str:
+            raise WireError(f"string argument longer than {max_str} characters")
+        return value
+    if type(value) is list:
+        if depth >= max_depth:
+            raise WireError(f"arguments nested deeper than {max_depth} levels")
+        return [decode_value(v, depth + 1, max_depth, max_str) for v in value]
+    if type(value) is dict:
+        return _decode_tagged(value)
+    raise WireError(f"argument of type {type(value).__name__} is not a wire value")
+
+
+def _decode_tagged(value: dict) -> Any:
+    if len(value) != 1:
+        raise WireError(f"tagged value must have exactly one key, got {sorted(map(str, value))[:5]}")
+    (tag, payload), = value.items()
+    if tag == "ref":
+        if not isinstance(payload, str):
+            raise WireError("a reference must name a node: {\"ref\": \"<name>\"}")
+        return Ref(payload)
+    if tag == "float":
+        if not _is_str_in(payload, NON_FINITE):
+            raise WireError(f"float tag accepts 'nan', 'inf', '-inf', got {str(payload)[:40]!r}")
+        return NON_FINITE[payload]
+    if tag == "device":
+        if not _is_str_in(payload, DEVICE_TYPES):
+            raise WireError(f"unknown device type {str(payload)[:40]!r} (expected one of {sorted(DEVICE_TYPES)})")
+        return torch.device(payload)
+    table = ENUM_KEYS.get(tag)
+    if table is None:
+        raise WireError(f"unknown tagged value {str(tag)[:40]!r}")
+    if not isinstance(payload, str) or payload not in table:
+        raise WireError(f"unknown {tag} {str(payload)[:40]!r}")
+    return table[payload]

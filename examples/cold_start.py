@@ -1,0 +1,158 @@
+"""Time from process start to the first compiled training step (forward + backward).
+
+Each case runs in a fresh Python process; the time is measured from just before the
+process is spawned to the end of its first step (CUDA synchronised), so it includes the
+interpreter, `import torch`, CUDA start-up, tracing and compiling:
+
+- `eager`: no compile (the floor);
+- `kiln_populate`: kiln with no service (`KILN_URL=off`), empty caches: computes the
+  heuristic schedules and fills `KILN_CACHE_DIR` (not a case to compare, a set-up step);
+- `kiln_hit`: a fresh client whose schedules are all in `KILN_CACHE_DIR`, Triton's and
+  kiln's kernel caches warm (a restart on the same node);
+- `kiln_hit_cold_triton`: same schedules, empty Triton and kiln kernel caches (a fresh
+  machine that gets schedules but no binaries: Triton compiles every kernel);
+- `inductor_cold` / `inductor_warm`: `torch.compile` default, empty then filled
+  `TORCHINDUCTOR_CACHE_DIR` / `TRITON_CACHE_DIR`.
+
+    python examples/cold_start.py --out cold_start.json            # BENCH.md gpt_block
+    TRITON_INTERPRET=1 python examples/cold_start.py --device cpu --d 32 --heads 2 \\
+        --batch 2 --seq 8 --dtype float32 --cases eager,kiln_populate,kiln_hit   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ("eager", "kiln_populate", "kiln_hit", "kiln_hit_cold_triton", "inductor_cold",
+         "inductor_warm")
+
+
+def _child(args: argparse.Namespace) -> None:
+    """One case in this (fresh) process; prints one JSON line."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from examples.models import Block
+
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    block = Block(args.d, args.heads).to(device=args.device, dtype=dtype)
+    x = torch.randn(args.batch, args.seq, args.d, device=args.device, dtype=dtype,
+                    requires_grad=True)
+    grad_out = torch.randn_like(x)
+    if args.case == "eager":
+        fn = block
+    elif args.case.startswith("kiln"):
+        import kiln.backend
+
+        fn = torch.compile(block, backend=kiln.backend.remote_compile)
+    else:
+        fn = torch.compile(block)
+
+    out = fn(x)
+    out.backward(grad_out)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    done = time.time()
+
+    # Correctness, outside the timed region: the same step eagerly.
+    got_out, got_grad = out.detach().float(), x.grad.detach().float()
+    x.grad = None
+    ref = block(x)
+    ref.backward(grad_out)
+    result = {
+        "case": args.case, "done_at": done,
+        "out_max_abs_diff": (got_out - ref.detach().float()).abs().max().item(),
+        "grad_max_abs_diff": (got_grad - x.grad.float()).abs().max().item(),
+    }
+    if args.case.startswith("kiln"):
+        import kiln
+
+        result["kiln_stats"] = kiln.stats()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _run_case(case: str, args: argparse.Namespace, dirs: dict[str, Path]) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    fresh = Path(tempfile.mkdtemp(prefix=f"{case}-", dir=dirs["root"]))
+    if case.startswith("kiln"):
+        env.update(KILN_URL="off", KILN_CACHE_DIR=str(dirs["kiln_cache"]),
+                   TORCHINDUCTOR_CACHE_DIR=str(fresh / "inductor"))
+        if case == "kiln_hit_cold_triton":
+            env.update(KILN_KERNEL_DIR=str(fresh / "kernels"), TRITON_CACHE_DIR=str(fresh / "triton"))
+        else:
+            env.update(KILN_KERNEL_DIR=str(dirs["kiln_kernels"]),
+                       TRITON_CACHE_DIR=str(dirs["kiln_triton"]))
+    elif case.startswith("inductor"):
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(dirs["inductor"]),
+                   TRITON_CACHE_DIR=str(dirs["inductor_triton"]))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case,
+           "--device", args.device, "--d", str(args.d), "--heads", str(args.heads),
+           "--batch", str(args.batch), "--seq", str(args.seq), "--dtype", args.dtype]
+    start = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    wall = time.time() - start
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"case": case, "error": (proc.stderr or proc.stdout)[-2000:], "wall_s": wall}
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    result["first_step_s"] = result.pop("done_at") - start
+    result["process_wall_s"] = wall
+    result["warnings"] = [ln for ln in proc.stderr.splitlines() if "kiln:" in ln][:10]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", choices=CASES)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--d", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each timed case")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return 0
+
+    root = Path(tempfile.mkdtemp(prefix="kiln-cold-start-"))
+    dirs = {name: root / name for name in ("kiln_cache", "kiln_kernels", "kiln_triton",
+                                            "inductor", "inductor_triton")}
+    dirs["root"] = root
+    results = []
+    for case in args.cases.split(","):
+        repeats = 1 if case in ("kiln_populate", "inductor_cold") else args.repeats
+        for _ in range(repeats):
+            result = _run_case(case, args, dirs)
+            results.append(result)
+            print(json.dumps({k: v for k, v in result.items() if k != "warnings"}), flush=True)
+    summary = {"shape": {"d": args.d, "heads": args.heads, "batch": args.batch,
+                         "seq": args.seq, "dtype": args.dtype, "device": args.device},
+               "results": results}
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1))
+    print(f"{'case':<24}{'first step s':>14}{'out diff':>12}{'grad diff':>12}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['case']:<24}{'ERROR':>14}")
+            continue
+        print(f"{r['case']:<24}{r['first_step_s']:>14.2f}{r['out_max_abs_diff']:>12.3g}"
+              f"{r['grad_max_abs_diff']:>12.3g}")
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

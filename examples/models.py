@@ -1,0 +1,105 @@
+"""Models used by the examples (and by the client tests): the seed MLP and a small GPT.
+
+Deterministic given a seed; sizes are arguments so the CPU tests (Triton interpreter) can
+keep them tiny while the GPU benchmark uses BENCH.md's gpt_block shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SeedMLP(nn.Module):
+    """The seed model: Linear(128,256)-ReLU-Linear(256,10)."""
+
+    def __init__(self, d_in: int = 128, d_hidden: int = 256, d_out: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(),
+                                 nn.Linear(d_hidden, d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of the small GPT."""
+
+    vocab: int = 64
+    seq: int = 8
+    d: int = 32
+    heads: int = 2
+    layers: int = 1
+    dropout: float = 0.0
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: LN, QKV, causal SDPA, projection, LN, tanh-GELU MLP."""
+
+    def __init__(self, d: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, s, d)))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+
+
+class GPT(nn.Module):
+    """Token + position embeddings, `layers` blocks, final LN, LM head; returns the loss."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab, cfg.d)
+        self.pos = nn.Embedding(cfg.seq, cfg.d)
+        self.blocks = nn.ModuleList(Block(cfg.d, cfg.heads, cfg.dropout)
+                                    for _ in range(cfg.layers))
+        self.ln = nn.LayerNorm(cfg.d)
+        self.head = nn.Linear(cfg.d, cfg.vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def gpt_batches(cfg: GPTConfig, batch: int, steps: int, seed: int = 0,
+                device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` seeded (tokens, next-token targets) batches of a fixed, learnable pattern."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        start = torch.randint(0, cfg.vocab, (batch, 1), generator=g)
+        seq = (start + torch.arange(cfg.seq + 1)) % cfg.vocab
+        out.append((seq[:, :-1].to(device), seq[:, 1:].to(device)))
+    return out
+
+
+def train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+          lr: float = 1e-2) -> list[float]:
+    """Plain SGD over `batches`; returns the loss of each step."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for idx, targets in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses

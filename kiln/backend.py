@@ -1,0 +1,215 @@
+"""`remote_compile`: the torch.compile backend (`backend="kiln"`).
+
+Dynamo hands a graph; AOTAutograd, with kiln's decompositions, splits it into forward and
+backward aten graphs; each one goes through `compile_graph`: to the wire format, keyed,
+resolved (cache, service, local heuristic; see `kiln.resolve`) and built into Triton
+kernels. Anything that fails on the way degrades to a slower path with one warning per
+cause, never to an exception in the training job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from functorch.compile import make_boxed_func
+
+import compiler
+from kiln import config as kiln_config
+from kiln import degrade
+from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
+from kiln.poller import Poller
+from kiln.resolve import Resolver
+
+log = logging.getLogger("kiln")
+
+_lock = threading.Lock()
+_resolvers: dict[kiln_config.Config, Resolver] = {}
+_poller: Poller | None = None
+_compiled: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+
+
+def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                   options: dict[str, Any] | None = None, mode: str | None = None,
+                   ) -> Callable[..., Any]:
+    """The kiln torch.compile backend.
+
+    `torch.compile(model, backend="kiln")` uses it through the `torch_dynamo_backends`
+    entry point. `torch.compile(..., options={...})` overrides `kiln.configure()` and the
+    environment for this model (any `kiln.Config` field, e.g. `{"mode": "async"}`);
+    `torch.compile(..., mode="wait"|"async")` sets the kiln mode (Inductor's modes are
+    ignored). Never raises for a graph kiln cannot handle: it runs eagerly, with a warning.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.exc import RestartAnalysis
+
+    try:
+        config = kiln_config.current()
+        overrides = dict(options or {})
+        if mode in kiln_config.MODES:
+            overrides.setdefault("mode", mode)
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+    except (ValueError, TypeError) as exc:
+        degrade.warn_once("config", str(exc))
+        degrade.count("eager")
+        return gm
+    def compiler_for(kind: str) -> Callable[..., Any]:
+        return functools.partial(compile_graph, config=config, kind=kind)
+
+    try:
+        backend = aot_autograd(fw_compiler=compiler_for("forward"),
+                               bw_compiler=compiler_for("backward"),
+                               inference_compiler=compiler_for("inference"),
+                               decompositions=compiler.decompositions())
+        return backend(gm, example_inputs)
+    except RestartAnalysis:
+        raise  # dynamo's own control flow, not a failure
+    except Exception as exc:  # degrade to eager, never break the job
+        degrade.warn_once("unsupported", f"AOTAutograd: {type(exc).__name__}: {exc}")
+        log.debug("kiln: AOTAutograd failed", exc_info=True)
+        degrade.count("eager")
+        return gm
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                  config: kiln_config.Config | None = None,
+                  kind: str = "inference") -> Callable[..., Any]:
+    """Compile one aten graph (`kind`: forward, backward or inference) into a callable
+    (AOTAutograd's boxed convention: it takes one list of inputs).
+
+    Returns a `CompiledGraph` (swappable: the tuned build replaces the heuristic one between
+    calls), a `PerShapeGraph` for graphs with symbolic sizes, or `gm` itself (eager).
+    """
+    config = config or kiln_config.current()
+    resolver = _resolver(config)
+    degrade.count("graphs")
+    if has_symbolic_sizes(gm, list(example_inputs)):
+        degrade.warn_once("dynamic_shapes")
+        return PerShapeGraph(gm, functools.partial(_specialise, resolver=resolver, kind=kind))
+    return _compile_static(gm, list(example_inputs), resolver, kind)
+
+
+def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                    resolver: Resolver, kind: str) -> Callable[..., Any]:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        # Under dynamo the inputs are fake tensors; only their metadata is used here.
+        with _disable_current_modes():
+            wire = compiler.to_wire(gm, example_inputs)
+            graph = compiler.from_wire(wire)
+            target = compiler.Target.detect(str(_device_of(example_inputs)))
+            key = compiler.tuning_key(graph, target)
+    except Exception as exc:  # a graph kiln cannot express runs eagerly
+        degrade.warn_once("unsupported", f"{type(exc).__name__}: {exc}")
+        degrade.count("eager")
+        return make_boxed_func(gm)
+    entry = CompiledGraph(gm, key=key, graph=graph, wire=wire, target=target, kind=kind)
+    with _lock:
+        _compiled.add(entry)
+    answer = None
+    try:
+        with _disable_current_modes():
+            answer = resolver.resolve(entry)
+    except Exception as exc:  # degrade to what is installed (or eager)
+        degrade.warn_once("build_failed", f"{key[:12]}: {type(exc).__name__}: {exc}")
+        log.debug("kiln: resolve failed", exc_info=True)
+    if entry.level == "eager":
+        degrade.count("eager")
+    if entry.level != "tuned" and resolver.client is not None:
+        poller().watch(entry, resolver, submitted=answer is not None,
+                       job_id=answer.job_id if answer is not None else None)
+    log.debug("kiln: compiled %r", entry)
+    return entry
+
+
+def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
+                resolver: Resolver, kind: str) -> Callable[..., Any]:
+    """Trace a symbolic graph with concrete inputs into a static aten graph and compile it.
+
+    Scalar (SymInt) inputs are baked in (they are part of the shape key), and so are scalar
+    outputs (a dynamic forward returns sizes for its backward): the static graph returns
+    the tensors only, and the scalars are put back in place around it.
+    """
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    fixed = list(args)
+    layout: dict[str, Any] = {}
+
+    def concrete(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        full = list(fixed)
+        for i, t in zip(tensor_pos, tensors, strict=True):
+            full[i] = t
+        outs = list(gm(*full))
+        layout["count"] = len(outs)
+        layout["scalars"] = {i: o for i, o in enumerate(outs) if not isinstance(o, torch.Tensor)}
+        return tuple(o for o in outs if isinstance(o, torch.Tensor))
+
+    tensors = [args[i] for i in tensor_pos]
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            static = make_fx(concrete, tracing_mode="fake")(*tensors)
+        scalars: dict[int, Any] = layout["scalars"]
+        if not all(isinstance(v, int | float | bool | type(None)) for v in scalars.values()):
+            raise TypeError("an output stays symbolic at a concrete shape")
+    except Exception as exc:  # this shape runs eagerly
+        degrade.warn_once("unsupported", f"specialising a dynamic graph: {exc}")
+        degrade.count("eager")
+        return gm
+    entry = _compile_static(static, tensors, resolver, kind)
+    count = layout["count"]
+
+    def run(*call_args: Any) -> tuple[Any, ...]:
+        produced = iter(entry([call_args[i] for i in tensor_pos]))
+        return tuple(scalars[i] if i in scalars else next(produced) for i in range(count))
+
+    return run
+
+
+def _device_of(example_inputs: Sequence[Any]) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def _resolver(config: kiln_config.Config) -> Resolver:
+    with _lock:
+        resolver = _resolvers.get(config)
+        if resolver is None:
+            resolver = _resolvers[config] = Resolver.from_config(config)
+        return resolver
+
+
+def compiled_graphs() -> list[CompiledGraph]:
+    """The graphs this process compiled through kiln and still holds (debugging, tests)."""
+    with _lock:
+        return list(_compiled)
+
+
+def poller() -> Poller:
+    """The process's background poller (started on first use)."""
+    global _poller
+    with _lock:
+        if _poller is None:
+            _poller = Poller()
+        return _poller
+
+
+def shutdown() -> None:
+    """Stop the background poller and forget clients (tests; before a fork)."""
+    global _poller
+    with _lock:
+        p, _poller = _poller, None
+        _resolvers.clear()
+    if p is not None:
+        p.stop()

@@ -1,0 +1,244 @@
+"""HTTP client to the kiln service (standard library only: a training node stays light).
+
+Every request is bounded: a connect timeout, a per-request deadline (a server that trickles
+bytes is cut off too), and a few retries with backoff for connection errors and 5xx/429,
+never past the deadline. Every failure is a `ServiceError` whose `cause` is one of
+`degrade.CAUSES`, so the backend can warn once per cause. Answers are validated before
+anything uses them: a malformed answer is an error, never a crash later.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+log = logging.getLogger("kiln")
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+USER_AGENT = "kiln-client/1"
+_RETRY_STATUSES = {429, 502, 503, 504}
+
+
+class ServiceError(Exception):
+    """A request to the service failed; `cause` says how (a `degrade.CAUSES` key)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the service knows about one tuning key.
+
+    `status`: `pending` (no schedule yet), `heuristic`, `tuned`, `failed` (the service could
+    not build it: nothing will come), or `unknown` (404: the service has never seen the
+    key, or it was invalidated).
+    """
+
+    key: str
+    status: str
+    schedule: dict[str, Any] | None = None
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A service job's state (`GET /v1/jobs/{id}`)."""
+
+    id: str
+    status: str  # queued | running | done | failed
+    error: str | None = None
+
+
+class ServiceClient:
+    """Talks to one kiln service. Thread-safe: each request opens its own connection."""
+
+    def __init__(self, url: str, token: str | None = None, connect_timeout: float = 2.0,
+                 request_timeout: float = 10.0, retries: int = 2) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"KILN_URL must be an http(s) URL, not {url!r}")
+        self.url = url.rstrip("/")
+        self._scheme = parts.scheme
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._base = parts.path.rstrip("/")
+        self.token = token
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.retries = retries
+
+    # -- the three calls the backend makes -------------------------------------------------
+
+    def submit(self, graph: dict[str, Any], target: dict[str, Any], key: str,
+               tag: str | None = None) -> Answer:
+        """POST /v1/graphs: the service dedupes by key and answers what it has."""
+        body: dict[str, Any] = {"graph": graph, "target": target}
+        if tag:
+            body["tag"] = tag
+        status, doc = self._request("POST", "/v1/graphs", body)
+        if status not in (200, 202):
+            raise self._unexpected(status, doc)
+        return _parse_answer(doc, key, status)
+
+    def schedule(self, key: str) -> Answer:
+        """GET /v1/schedules/{key}."""
+        status, doc = self._request("GET", f"/v1/schedules/{quote(key, safe='')}")
+        if status == 404:
+            return Answer(key=key, status="unknown")
+        if status not in (200, 202):
+            raise self._unexpected(status, doc)
+        return _parse_answer(doc, key, status)
+
+    def job(self, job_id: str) -> Job:
+        """GET /v1/jobs/{id}."""
+        status, doc = self._request("GET", f"/v1/jobs/{quote(str(job_id), safe='')}")
+        if status != 200:
+            raise self._unexpected(status, doc)
+        if not isinstance(doc, dict) or doc.get("status") not in ("queued", "running", "done",
+                                                                 "failed"):
+            raise ServiceError("malformed", f"job answer without a valid status: {_short(doc)}")
+        error = doc.get("error")
+        return Job(id=str(job_id), status=doc["status"],
+                   error=error if isinstance(error, str) else None)
+
+    # -- transport --------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One request with retries; returns (HTTP status, decoded JSON or None).
+        Connection errors, 429 and 502-504 are retried (with backoff, within the deadline);
+        a timeout is not, so a hung service costs one timeout, not several."""
+        deadline = time.monotonic() + self.request_timeout * (self.retries + 1)
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        delay = 0.2
+        attempt = 0
+        while True:
+            retry_ok = attempt < self.retries and time.monotonic() + delay < deadline
+            try:
+                status, raw = self._once(method, path, data, deadline)
+            except ServiceError as exc:
+                if not retry_ok or exc.cause != "unreachable":
+                    raise
+                log.debug("kiln: %s %s failed (%s), retrying", method, path, exc)
+            else:
+                if status not in _RETRY_STATUSES or not retry_ok:
+                    return status, _decode(method, path, status, raw)
+                log.debug("kiln: %s %s answered %d, retrying", method, path, status)
+            time.sleep(delay)
+            delay *= 2
+            attempt += 1
+
+    def _once(self, method: str, path: str, data: bytes | None,
+              deadline: float) -> tuple[int, bytes]:
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn_cls = (http.client.HTTPSConnection if self._scheme == "https"
+                    else http.client.HTTPConnection)
+        kwargs: dict[str, Any] = {"timeout": self.connect_timeout}
+        if self._scheme == "https":
+            kwargs["context"] = ssl.create_default_context()
+        conn = conn_cls(self._host, self._port, **kwargs)
+        try:
+            try:
+                conn.connect()
+            except TimeoutError as exc:
+                raise ServiceError("unreachable", f"connect to {self.url} timed out") from exc
+            except OSError as exc:
+                raise ServiceError("unreachable", f"cannot connect to {self.url}: {exc}") from exc
+            remaining = max(0.05, min(self.request_timeout, deadline - time.monotonic()))
+            assert conn.sock is not None
+            conn.sock.settimeout(remaining)
+            try:
+                conn.request(method, self._base + path, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = _read_bounded(resp, deadline)
+            except TimeoutError as exc:
+                raise ServiceError("timeout", f"{method} {path}: no answer in time") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                # A reset or an unparseable status line: the peer is not a working service.
+                cause = "unreachable" if isinstance(exc, ConnectionError) else "malformed"
+                raise ServiceError(cause, f"{method} {path}: {exc!r}") from exc
+        finally:
+            conn.close()
+        return resp.status, raw
+
+    def _unexpected(self, status: int, doc: Any) -> ServiceError:
+        if status == 422 or status == 413:
+            return ServiceError("rejected", f"HTTP {status}: {_error_message(doc)}")
+        return ServiceError("malformed", f"unexpected HTTP {status}: {_error_message(doc)}")
+
+
+def _decode(method: str, path: str, status: int, raw: bytes) -> Any:
+    if status in (401, 403):
+        raise ServiceError("auth", f"{method} {path}: HTTP {status}")
+    if status >= 500:
+        raise ServiceError("server_error", f"{method} {path}: HTTP {status}")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ServiceError("malformed", f"{method} {path}: HTTP {status} with a body "
+                           f"that is not JSON: {raw[:80]!r}") from exc
+
+
+def _read_bounded(resp: http.client.HTTPResponse, deadline: float) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError("answer took longer than the request deadline")
+        chunk = resp.read(65536)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > MAX_ANSWER_BYTES:
+            raise ServiceError("malformed", f"answer larger than {MAX_ANSWER_BYTES} bytes")
+        chunks.append(chunk)
+
+
+def _parse_answer(doc: Any, key: str, http_status: int) -> Answer:
+    if not isinstance(doc, dict):
+        raise ServiceError("malformed", f"answer is not a JSON object: {_short(doc)}")
+    if doc.get("key") != key:
+        raise ServiceError("malformed", f"answer for key {_short(doc.get('key'))}, "
+                           f"asked for {key[:12]}")
+    status = doc.get("status")
+    schedule = doc.get("schedule")
+    job_id = doc.get("job_id")
+    if job_id is not None and not isinstance(job_id, str | int):
+        raise ServiceError("malformed", f"job_id is not a string: {_short(job_id)}")
+    if http_status == 200 and status not in ("heuristic", "tuned"):
+        raise ServiceError("malformed", f"HTTP 200 with status {_short(status)}")
+    if status not in ("pending", "heuristic", "tuned", "failed"):
+        raise ServiceError("malformed", f"unknown schedule status {_short(status)}")
+    if status in ("heuristic", "tuned") and not isinstance(schedule, dict):
+        if status == "tuned":
+            raise ServiceError("malformed", "status tuned without a schedule object")
+        status, schedule = "pending", None  # heuristic announced, not yet attached
+    if status in ("pending", "failed"):
+        schedule = None
+    return Answer(key=key, status=status, schedule=schedule,
+                  job_id=None if job_id is None else str(job_id))
+
+
+def _error_message(doc: Any) -> str:
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+        err = doc["error"]
+        return f"{err.get('code')}: {err.get('message')}"
+    return _short(doc)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,139 @@
+"""The callable handed back to AOTAutograd: one graph, whose implementation can be swapped.
+
+A graph starts as eager (the aten `GraphModule` itself), a heuristic build or a tuned build,
+and only ever moves up that ladder. The swap is one attribute assignment under a lock, and
+a call reads the attribute once, so a call in flight finishes on the implementation it
+started with and the next call gets the new one: swaps land between calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kiln import degrade
+
+# Rank of each implementation; a graph never moves down.
+LEVELS = {"eager": 0, "heuristic": 1, "tuned": 2}
+
+
+class CompiledGraph:
+    """A graph's current implementation plus what kiln knows about it."""
+
+    def __init__(self, gm: torch.fx.GraphModule, key: str | None = None,
+                 graph: Any = None, wire: dict[str, Any] | None = None,
+                 target: Any = None, kind: str = "inference") -> None:
+        self.gm = gm
+        self.kind = kind  # forward | backward | inference
+        self.key = key
+        self.graph = graph  # compiler.Graph
+        self.wire = wire  # the kiln.graph/1 dict sent to the service
+        self.target = target  # compiler.Target
+        self.level = "eager"
+        self.origin = "eager"  # eager | local | cache | service
+        self.built: Any = None  # compiler.Built once built
+        self._impl: Callable[..., Any] = gm
+        self._lock = threading.Lock()
+        # AOTAutograd's boxed calling convention: called with one list of inputs, which the
+        # callee may clear so that activations are freed early. An instance attribute, so
+        # that the wrappers dynamo puts around the backward (functools.wraps) carry it.
+        self._boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:
+        impl = self._impl  # read once: a concurrent swap affects only the next call
+        inputs = list(args)
+        args.clear()
+        return impl(*inputs)
+
+    def install(self, built: Any, level: str, origin: str) -> bool:
+        """Use `built` from the next call on, if `level` is above the current one.
+        Returns whether it was installed."""
+        with self._lock:
+            if LEVELS[level] <= LEVELS[self.level]:
+                return False
+            swapped = self.level != "eager"
+            self.built, self.level, self.origin = built, level, origin
+            self._impl = built
+        if swapped:
+            degrade.count("swaps")
+        return True
+
+    def __repr__(self) -> str:
+        key = self.key[:12] if self.key else None
+        return (f"CompiledGraph({self.kind}, key={key}, level={self.level}, "
+                f"origin={self.origin})")
+
+
+def has_symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> bool:
+    """Whether dynamo handed a graph whose sizes are symbols rather than numbers."""
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt | torch.SymFloat):
+            return True
+        if isinstance(value, torch.Tensor):
+            dims = (*value.shape, *value.stride(), value.storage_offset())
+            if any(isinstance(d, torch.SymInt) for d in dims):
+                return True
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                return True
+    return False
+
+
+ShapeKey = tuple[Any, ...]
+
+
+def shape_key(args: tuple[Any, ...]) -> ShapeKey:
+    """What a per-shape compile specialises on: each tensor's metadata, each scalar's value."""
+    key: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype,
+                        a.device.type, a.requires_grad))
+        else:
+            key.append((type(a).__name__, a))
+    return tuple(key)
+
+
+class PerShapeGraph:
+    """A graph with symbolic sizes, compiled once per concrete shape at call time.
+
+    `specialise(args)` returns a callable for a concrete signature (the backend traces the
+    symbolic graph with the concrete inputs into a static aten graph and compiles that).
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule,
+                 specialise: Callable[[torch.fx.GraphModule, tuple[Any, ...]], Callable[..., Any]],
+                 max_shapes: int = 64) -> None:
+        self.gm = gm
+        self._specialise = specialise
+        self._max_shapes = max_shapes
+        self._compiled: dict[ShapeKey, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+        self._boxed_call = True  # see CompiledGraph
+
+    def __call__(self, boxed: list[Any]) -> Any:
+        args = tuple(boxed)
+        boxed.clear()
+        key = shape_key(args)
+        fn = self._compiled.get(key)
+        if fn is None:
+            with self._lock:
+                fn = self._compiled.get(key)
+                if fn is None:
+                    if len(self._compiled) >= self._max_shapes:
+                        fn = self.gm  # shape churn: stop compiling, run eagerly
+                    else:
+                        fn = self._specialise(self.gm, args)
+                    self._compiled[key] = fn
+        return fn(*args)
+
+    @property
+    def shapes(self) -> list[ShapeKey]:
+        """Signatures compiled so far."""
+        with self._lock:
+            return list(self._compiled)

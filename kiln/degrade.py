@@ -1,0 +1,119 @@
+"""Degrade, never break: one warning per cause, and the process-wide counters.
+
+A training step calls compiled graphs thousands of times; a service that is down must cost
+one line in the log, not one per call. Each cause is warned about once per process (until
+`reset()`), through both `warnings` (category `KilnWarning`) and `logging`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections import Counter
+
+log = logging.getLogger("kiln")
+
+# Why the backend fell back, with the sentence a user reads. Keys are stable: tests and
+# dashboards match them.
+CAUSES: dict[str, str] = {
+    "unreachable": "the kiln service at {url} cannot be reached",
+    "timeout": "the kiln service at {url} did not answer in time",
+    "server_error": "the kiln service at {url} answered with a server error",
+    "malformed": "the kiln service at {url} sent an answer kiln cannot use",
+    "auth": "the kiln service at {url} refused the token (set KILN_TOKEN)",
+    "rejected": "the kiln service refused a graph",
+    "hash_mismatch": "a schedule from the service does not match the kernels this client "
+                     "generates (different kiln/triton version?)",
+    "bad_schedule": "a schedule from the service cannot be built here",
+    "wait_timeout": "a tuned schedule did not arrive within the wait timeout",
+    "unsupported": "kiln cannot compile a graph (unsupported op or input)",
+    "build_failed": "kiln's local build of a graph failed",
+    "dynamic_shapes": "a graph has symbolic (dynamic) sizes",
+    "cache": "the local schedule cache cannot be written",
+    "config": "the kiln configuration is not valid",
+}
+
+_ACTIONS: dict[str, str] = {
+    "unreachable": "using local heuristic builds; tuned schedules are swapped in if it comes back",
+    "timeout": "using local heuristic builds",
+    "server_error": "using local heuristic builds",
+    "malformed": "using local heuristic builds",
+    "auth": "using local heuristic builds",
+    "rejected": "running it locally",
+    "hash_mismatch": "building from the local heuristic schedule instead",
+    "bad_schedule": "building from the local heuristic schedule instead",
+    "wait_timeout": "starting with the best schedule at hand; the tuned one is swapped in when "
+                    "it lands",
+    "unsupported": "running it eagerly (plain PyTorch)",
+    "build_failed": "running it eagerly (plain PyTorch)",
+    "dynamic_shapes": "compiling one graph per concrete shape (see docs/client.md)",
+    "cache": "continuing without it",
+    "config": "running graphs eagerly (plain PyTorch) until it is fixed",
+}
+
+
+class KilnWarning(RuntimeWarning):
+    """Emitted once per cause when kiln falls back to a slower path."""
+
+
+_lock = threading.Lock()
+_warned: set[str] = set()
+_counts: Counter[str] = Counter()
+
+
+def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
+    """Warn about `cause` (a key of `CAUSES`) unless this process already did.
+
+    Every call is counted (`stats()["fallbacks"]`); only the first per cause warns.
+    Returns whether a warning was emitted.
+    """
+    with _lock:
+        _counts[f"fallback:{cause}"] += 1
+        if cause in _warned:
+            log.debug("kiln fallback (%s): %s", cause, detail)
+            return False
+        _warned.add(cause)
+    what = CAUSES.get(cause, cause).format(url=fmt.get("url", "?"))
+    message = f"kiln [{cause}]: {what}; {_ACTIONS.get(cause, 'falling back')}."
+    if detail:
+        message += f" ({detail})"
+    log.warning(message)
+    warnings.warn(message, KilnWarning, stacklevel=2)
+    return True
+
+
+def count(name: str, n: int = 1) -> None:
+    """Add `n` to the process-wide counter `name`."""
+    with _lock:
+        _counts[name] += n
+
+
+def stats() -> dict[str, int]:
+    """Process-wide counters.
+
+    - `schedules_local`: heuristic schedules this process computed itself
+    - `schedules_fetched`: schedules that came from the service
+    - `schedules_cached`: schedules read from the local disk cache
+    - `builds`: graphs built into Triton kernels; `eager`: graphs run eagerly
+    - `swaps`: tuned schedules swapped in after the first call
+    - `fallback:<cause>`: how often each degrade cause happened
+    """
+    with _lock:
+        result = {k: 0 for k in ("schedules_local", "schedules_fetched", "schedules_cached",
+                                 "builds", "eager", "swaps", "graphs")}
+        result.update(_counts)
+        return result
+
+
+def warned() -> set[str]:
+    """Causes this process has warned about."""
+    with _lock:
+        return set(_warned)
+
+
+def reset() -> None:
+    """Forget counters and warned causes (tests; a long-lived process after a fix)."""
+    with _lock:
+        _warned.clear()
+        _counts.clear()

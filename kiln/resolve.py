@@ -1,0 +1,211 @@
+"""Find a graph's schedule and build it: local disk cache, then the service, then the local
+heuristic; every failure degrades one step and warns once per cause.
+
+Order for one graph (`resolve`):
+1. the local disk cache (a tuned entry ends the search: the service is not asked);
+2. the service: `wait` mode submits and polls until the tuned schedule, a final answer or
+   the wait timeout; `async` mode submits once, briefly, and takes what is there;
+3. the best schedule at hand is built; failing that the local heuristic; failing that the
+   graph stays eager;
+4. a graph that is not tuned yet is handed to the background poller, which swaps the tuned
+   build in when it lands.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import compiler
+from kiln import degrade
+from kiln.cache import ScheduleCache
+from kiln.client import Answer, ServiceClient, ServiceError
+from kiln.compiled import LEVELS, CompiledGraph
+from kiln.config import Config
+
+log = logging.getLogger("kiln")
+
+# After the service failed to answer (down, hung, 5xx), graphs compiled in the next
+# BREAKER_S seconds do not wait for it; the background poller keeps trying meanwhile.
+BREAKER_S = 30.0
+
+
+@dataclass
+class Resolver:
+    """What resolving needs from the configuration, built once per `Config`."""
+
+    config: Config
+    cache: ScheduleCache | None
+    client: ServiceClient | None
+    quick_client: ServiceClient | None  # async mode: one short attempt on the critical path
+    _down_until: float = 0.0
+    _down_cause: str = "unreachable"
+
+    @classmethod
+    def from_config(cls, config: Config) -> Resolver:
+        """Cache and clients as the config says (`url` None: no service)."""
+        cache = ScheduleCache(config.schedule_dir) if config.cache else None
+        client = quick = None
+        if config.url:
+            client = ServiceClient(config.url, config.token, config.connect_timeout,
+                                   config.request_timeout, config.retries)
+            short = min(config.connect_timeout, 1.0)
+            quick = ServiceClient(config.url, config.token, short,
+                                  min(config.request_timeout, 2.0), retries=0)
+        return cls(config=config, cache=cache, client=client, quick_client=quick)
+
+    # -- building ---------------------------------------------------------------------------
+
+    def build_from(self, entry: CompiledGraph, schedule_json: dict[str, Any], level: str,
+                   origin: str) -> bool:
+        """Parse, check and build a schedule that came from the cache or the service, and
+        install it in `entry`. Returns False (after warning once) when it cannot be used."""
+        if LEVELS[level] <= LEVELS[entry.level]:
+            return False
+        url = self.config.url or "?"
+        try:
+            schedule = compiler.Schedule.from_json(schedule_json)
+        except Exception as exc:  # any parse failure is "malformed"
+            degrade.warn_once("malformed", f"schedule for {entry.key[:12]}: {exc}", url=url)
+            return False
+        expected = compiler.graph_hash(entry.graph)
+        if getattr(schedule, "graph_hash", expected) != expected:
+            degrade.warn_once("malformed", f"schedule for {entry.key[:12]} names another graph",
+                              url=url)
+            return False
+        try:
+            built = compiler.build(entry.graph, schedule)
+        except compiler.ScheduleMismatch as exc:
+            degrade.warn_once("hash_mismatch", f"{entry.key[:12]}: {exc}")
+            return False
+        except Exception as exc:  # a schedule we cannot build is a miss
+            degrade.warn_once("bad_schedule", f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
+            return False
+        degrade.count("builds")
+        degrade.count(f"schedules_{'cached' if origin == 'cache' else 'fetched'}")
+        entry.install(built, level, origin)
+        if origin == "service":
+            self._store(entry.key, level, built)
+        return True
+
+    def build_local(self, entry: CompiledGraph) -> bool:
+        """Build from the heuristic schedule computed here; on failure the graph stays
+        eager (warned once)."""
+        if entry.level != "eager":
+            return True
+        try:
+            schedule = compiler.heuristic_schedule(entry.graph, entry.target)
+            degrade.count("schedules_local")
+            built = compiler.build(entry.graph, schedule)
+        except NotImplementedError as exc:
+            degrade.warn_once("unsupported", f"{entry.key[:12]}: {exc}")
+            return False
+        except Exception as exc:  # degrade to eager, never break the job
+            degrade.warn_once("build_failed", f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
+            log.debug("kiln: local build failed", exc_info=True)
+            return False
+        degrade.count("builds")
+        entry.install(built, "heuristic", "local")
+        self._store(entry.key, "heuristic", built)  # a restart skips even the heuristic
+        return True
+
+    def _store(self, key: str, level: str, built: Any) -> None:
+        if self.cache is None:
+            return
+        try:
+            self.cache.put(key, level, built.schedule.to_json())
+        except (OSError, ValueError, TypeError) as exc:
+            degrade.warn_once("cache", f"{self.cache.root}: {exc}")
+
+    # -- the whole search --------------------------------------------------------------------
+
+    def resolve(self, entry: CompiledGraph) -> Answer | None:
+        """Give `entry` the best implementation obtainable now (see the module docstring).
+        Returns the service's last answer (None when it gave none): the caller decides
+        whether the background poller should keep watching."""
+        if self.cache is not None:
+            cached = self.cache.get(entry.key)
+            if cached is not None:
+                level = "tuned" if cached.status == "tuned" else "heuristic"
+                self.build_from(entry, cached.schedule, level, "cache")
+                if entry.level == "tuned":
+                    return None
+        answer = None
+        if self.client is not None:
+            if self.config.mode == "wait":
+                answer = self._wait(entry)
+            else:
+                answer = self._ask(self.quick_client, entry)
+            if answer is not None and answer.schedule is not None:
+                level = "tuned" if answer.status == "tuned" else "heuristic"
+                self.build_from(entry, answer.schedule, level, "service")
+        if entry.level == "eager":
+            self.build_local(entry)
+        return answer
+
+    def _ask(self, client: ServiceClient | None, entry: CompiledGraph) -> Answer | None:
+        assert client is not None
+        if self.service_down():
+            degrade.count(f"fallback:{self._down_cause}")
+            return None
+        try:
+            answer = client.submit(entry.wire, entry.target.to_json(), entry.key,
+                                   self.config.tag)
+        except ServiceError as exc:
+            self.failed(exc)
+            return None
+        self.answered()
+        return answer
+
+    # -- circuit breaker: a dead service costs one timeout, not one per graph ---------------
+
+    def service_down(self) -> bool:
+        """Whether a recent failure says not to ask the service on the critical path."""
+        return time.monotonic() < self._down_until
+
+    def failed(self, exc: ServiceError) -> None:
+        """Warn once for `exc`; if the service looks down, skip it for `BREAKER_S`."""
+        degrade.warn_once(exc.cause, str(exc), url=self.config.url or "?")
+        if exc.cause in ("unreachable", "timeout", "server_error"):
+            self._down_until = time.monotonic() + BREAKER_S
+            self._down_cause = exc.cause
+
+    def answered(self) -> None:
+        """The service answered: ask it again on the critical path."""
+        self._down_until = 0.0
+
+    def _wait(self, entry: CompiledGraph) -> Answer | None:
+        """Submit, then poll until a tuned schedule, a final answer, or the wait timeout."""
+        assert self.client is not None
+        deadline = time.monotonic() + self.config.wait_timeout
+        answer = self._ask(self.client, entry)
+        try:
+            while answer is not None and answer.status not in ("tuned", "failed"):
+                if answer.job_id is not None and self.job_final(answer.job_id):
+                    # Nothing better is coming (no tuner for this target, or it failed):
+                    # read the schedule once more, in case it landed with the job.
+                    answer = self.client.schedule(entry.key)
+                    break
+                if time.monotonic() + self.config.poll_interval > deadline:
+                    degrade.warn_once("wait_timeout", f"{self.config.wait_timeout:g}s for "
+                                      f"{entry.key[:12]}")
+                    break
+                time.sleep(self.config.poll_interval)
+                answer = self.client.schedule(entry.key)
+                if answer.status == "unknown":  # invalidated or forgotten: submit again
+                    answer = self._ask(self.client, entry)
+        except ServiceError as exc:
+            self.failed(exc)
+        if answer is not None and answer.status == "failed":
+            degrade.warn_once("rejected", f"the service failed to build {entry.key[:12]}")
+        return answer
+
+    def job_final(self, job_id: str) -> bool:
+        """Whether the service's job is over (done or failed); a failed job is warned."""
+        assert self.client is not None
+        job = self.client.job(job_id)
+        if job.status == "failed":
+            degrade.warn_once("rejected", f"job {job_id}: {job.error}")
+        return job.status in ("done", "failed")

@@ -1,0 +1,1 @@
+"""Alembic environment and revisions for kiln's database (`kiln db upgrade`)."""

@@ -1,0 +1,97 @@
+"""The FastAPI application: routes, error handlers, middleware, background upkeep."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api.deps import TokenRoles
+from service.api.routes import admin, graphs, health, jobs, schedules
+from service.context import HitBuffer, ServiceContext
+from service.errors import install_error_handlers
+from service.hotpath import ScheduleReader
+from service.metrics import MetricsMiddleware
+from service.ratelimit import RateLimiter
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _upkeep(app: FastAPI, stop: threading.Event) -> None:
+    """Flush hit counters every second; re-enqueue lost work every lease period."""
+    ctx: ServiceContext = app.state.ctx
+    ticks = 0
+    while not stop.wait(1.0):
+        app.state.hits.flush(ctx)
+        ticks += 1
+        if ticks % max(1, int(ctx.settings.lease_s)) == 0:
+            try:
+                ctx.recover()
+            except Exception as exc:  # Redis or the database down: try again next period
+                log.warning("recovery pass failed: %s", exc)
+    app.state.hits.flush(ctx)
+
+
+def create_app(settings: Settings | None = None, ctx: ServiceContext | None = None,
+               embedded_worker: bool = False) -> FastAPI:
+    """Build the API. With `embedded_worker`, a CPU worker thread runs in this process (the
+    embedded default of `kiln serve`). Migrations are not run here: `kiln db upgrade` is its
+    own step."""
+    ctx = ctx or ServiceContext(settings or Settings.from_env())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        try:
+            ctx.recover()
+        except Exception as exc:
+            log.warning("initial recovery pass failed: %s", exc)
+        upkeep = threading.Thread(target=_upkeep, args=(app, stop), name="kiln-upkeep", daemon=True)
+        upkeep.start()
+        worker = None
+        if embedded_worker:
+            from service.worker import Worker
+
+            worker = Worker(ctx, device="cpu")
+            worker.start_thread()
+        try:
+            yield
+        finally:
+            stop.set()
+            if worker is not None:
+                worker.stop()
+                worker.join(timeout=30)
+            upkeep.join(timeout=10)
+            await app.state.reader.close()
+
+    app = FastAPI(title="kiln", version="1", lifespan=lifespan,
+                  description="Remote torch.compile backend: schedules for aten graphs.")
+    app.state.ctx = ctx
+    # The dashboard reads these three (service/dashboard/deps.py).
+    app.state.settings, app.state.sessionmaker, app.state.queue = ctx.settings, ctx.sessions, ctx.queue
+    app.state.hits = HitBuffer()
+    app.state.limiter = RateLimiter(ctx.settings.rate_limit_per_s, ctx.settings.rate_limit_burst)
+    app.state.token_roles = TokenRoles()
+    app.state.reader = ScheduleReader(ctx)
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware)
+    for module in (graphs, schedules, jobs, admin, health):
+        app.include_router(module.router)
+    _mount_dashboard(app)
+    return app
+
+
+def _mount_dashboard(app: FastAPI) -> None:
+    """Include the dashboard's router when that package is installed (it lands separately)."""
+    if importlib.util.find_spec("service.dashboard") is None:
+        log.info("no service.dashboard package: the /admin dashboard is not mounted")
+        return
+    router = importlib.import_module("service.dashboard.router") if importlib.util.find_spec(
+        "service.dashboard.router") else importlib.import_module("service.dashboard")
+    app.include_router(router.router)

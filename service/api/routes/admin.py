@@ -1,0 +1,88 @@
+"""Admin routes under `/v1/admin`: thin wrappers over service.admin_queries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+
+from service import admin_queries
+from service.api.deps import Admin, Ctx
+from service.errors import ApiError
+from service.queue import QueueUnavailable
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+def _bad(exc: ValueError) -> ApiError:
+    return ApiError(422, "invalid_request", str(exc))
+
+
+@router.get("/entries")
+def entries(ctx: Ctx, _who: Admin, q: str | None = Query(None, max_length=64),
+            target: str | None = Query(None, max_length=128),
+            status: str | None = None, tag: str | None = Query(None, max_length=200),
+            sort: str = "last_used", order: str = "desc",
+            page: int = Query(1, ge=1, le=1_000_000),
+            per_page: int = Query(50, ge=1, le=admin_queries.MAX_PER_PAGE)) -> dict[str, Any]:
+    """List and filter entries, a page at a time."""
+    try:
+        with ctx.transaction() as session:
+            return admin_queries.list_entries(session, q=q, target=target, status=status,
+                                              tag=tag, sort=sort, order=order, page=page,
+                                              per_page=per_page)
+    except ValueError as exc:
+        raise _bad(exc) from None
+
+
+@router.get("/entries/{key}")
+def entry(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
+    """One entry with kernels, sources, measurements and its job."""
+    with ctx.transaction() as session:
+        detail = admin_queries.entry_detail(session, key)
+    if detail is None:
+        raise ApiError(404, "not_found", f"no entry {key}")
+    return detail
+
+
+@router.post("/entries/{key}/invalidate")
+def invalidate(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
+    """Withdraw an entry's schedule."""
+    with ctx.transaction() as session:
+        item = admin_queries.invalidate(session, key)
+    if item is None:
+        raise ApiError(404, "not_found", f"no entry {key}")
+    return item
+
+
+@router.post("/entries/{key}/retune", status_code=202)
+def retune(key: str, ctx: Ctx, _who: Admin) -> JSONResponse:
+    """Queue the entry for tuning again."""
+    with ctx.transaction() as session:
+        job = admin_queries.retune(session, key)
+    if job is None:
+        raise ApiError(404, "not_found", f"no entry {key}")
+    return JSONResponse(job, status_code=202)
+
+
+@router.get("/stats")
+def stats(ctx: Ctx, _who: Admin) -> dict[str, Any]:
+    """Hits, misses by reason, queue depth, workers."""
+    try:
+        depth: Any = ctx.queue.depth()
+    except QueueUnavailable:
+        depth = {}
+    with ctx.transaction() as session:
+        return admin_queries.stats(session, depth)
+
+
+@router.get("/jobs")
+def jobs(ctx: Ctx, _who: Admin, status: str | None = None,
+         limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+    """Recent jobs."""
+    try:
+        with ctx.transaction() as session:
+            return admin_queries.list_jobs(session, status=status, limit=limit)
+    except ValueError as exc:
+        raise _bad(exc) from None

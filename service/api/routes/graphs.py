@@ -1,0 +1,68 @@
+"""`POST /v1/graphs`: submit a graph for a target; dedupe by tuning key."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from service import store
+from service.api.deps import Client, Ctx
+from service.context import ServiceContext
+from service.intake import parse_submission, read_body
+from service.metrics import LOOKUPS, SUBMISSIONS
+from service.store import Submission
+
+router = APIRouter(prefix="/v1", tags=["graphs"])
+
+_BODY_SCHEMA = {
+    "required": True,
+    "content": {"application/json": {"schema": {
+        "type": "object", "required": ["graph", "target"],
+        "properties": {
+            "graph": {"type": "object", "description": "a kiln.graph/1 document"},
+            "target": {"type": "object", "description": "Target.to_json()"},
+            "tag": {"type": "string", "maxLength": 200},
+        }}}},
+}
+
+
+def _record(ctx: ServiceContext, sub: Submission) -> tuple[int, dict]:
+    with ctx.transaction() as session:
+        entry = store.schedule_by_key(session, sub.key)
+        if entry is not None and entry.status in store.READY:
+            job = store.job_by_key(session, sub.key)
+            store.count_lookup(session, "hit")
+            LOOKUPS.labels("hit").inc()
+            SUBMISSIONS.labels("known").inc()
+            return _answer(entry.key, entry.status, entry.schedule, job.id if job else None)
+        reason = store.miss_reason(session, sub.key, sub.graph_hash, sub.target)
+        entry, job, enqueue = store.submit(session, sub)
+        store.count_lookup(session, reason)
+        LOOKUPS.labels(reason).inc()
+    SUBMISSIONS.labels("new" if enqueue else "joined").inc()
+    if enqueue:
+        ctx.enqueue_job(job.id)  # after commit: a worker must find the row
+    status = entry.status if entry.status in store.READY else (
+        "failed" if entry.status == "failed" else "pending")
+    return _answer(entry.key, status, entry.schedule, job.id)
+
+
+def _answer(key: str, status: str, schedule: str | None, job_id: int | None) -> tuple[int, dict]:
+    body = {"key": key, "status": status, "job_id": job_id,
+            "schedule": json.loads(schedule) if schedule else None}
+    return (200 if status == "tuned" else 202), body
+
+
+@router.post("/graphs", openapi_extra={"requestBody": _BODY_SCHEMA},
+             responses={200: {"description": "tuned schedule"}, 202: {"description": "pending"},
+                        413: {"description": "too large"}, 422: {"description": "bad graph"}})
+async def submit_graph(request: Request, ctx: Ctx, _who: Client) -> JSONResponse:
+    """Submit `{"graph", "target", "tag"?}`: 200 with the tuned schedule, else 202 with the
+    job (and the heuristic schedule once there is one). One job per tuning key."""
+    body = await read_body(request, ctx.settings.body_limit)
+    sub, _graph = await run_in_threadpool(parse_submission, body)
+    status, answer = await run_in_threadpool(_record, ctx, sub)
+    return JSONResponse(answer, status_code=status)

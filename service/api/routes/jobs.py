@@ -1,0 +1,25 @@
+"""`GET /v1/jobs/{id}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Path
+
+from service import store
+from service.api.deps import Client, Ctx
+from service.errors import ApiError
+from service.models import JobRow
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+
+
+@router.get("/jobs/{job_id}")
+def get_job(ctx: Ctx, _who: Client,
+            job_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
+    """Status, progress, attempts, error and status history of a job."""
+    with ctx.transaction() as session:
+        job = session.get(JobRow, job_id)
+        if job is None:
+            raise ApiError(404, "not_found", f"no job {job_id}")
+        return store.job_dict(session, job)

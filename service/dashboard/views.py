@@ -1,0 +1,128 @@
+"""Turn the admin query results (plain dicts, see docs/contracts.md "Admin API") into what
+the templates show: plots, highlighted source, grouped measurements. No data access here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from service.dashboard import plots
+from service.dashboard.highlight import highlight_python
+
+STATUSES = ("pending", "heuristic", "tuned", "failed", "invalidated")
+SORTS = {"last_used": "last use", "speedup": "speedup", "tuning_s": "tuning time",
+         "hits": "hits", "created": "created"}
+MISS_REASONS = {"unknown_graph": "unknown graph", "other_gpu": "other GPU",
+                "other_versions": "other triton/torch", "other_compiler": "other compiler version"}
+
+
+def overview_context(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Plots and tables for the overview page from `admin_queries.stats`."""
+    by_status = dict(stats.get("entries_by_status") or {})
+    misses = stats.get("misses_by_reason") or {}
+    hits, missed = int(stats.get("hits") or 0), int(stats.get("misses") or 0)
+    return {
+        "stats": stats,
+        "total_entries": sum(by_status.values()),
+        "hits": hits,
+        "misses": missed,
+        "hit_rate": (100.0 * hits / (hits + missed)) if hits + missed else None,
+        "status_plot": plots.counts_plot(by_status, "Entries by status", "status", "entries"),
+        "hit_rate_plot": plots.hit_rate_plot(stats.get("hit_rate_series") or []),
+        "misses_plot": plots.counts_plot(
+            {MISS_REASONS.get(k, k): v for k, v in misses.items()}, "Misses by reason",
+            "misses", "misses"),
+        "speedup_plot": plots.speedup_plot(stats.get("speedups") or []),
+        "queue_depth": dict(stats.get("queue_depth") or {}),
+        "workers": list(stats.get("workers") or []),
+    }
+
+
+def entry_context(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Kernels with highlighted source and a candidate plot each, from `entry_detail`."""
+    measured: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in entry.get("measurements") or []:
+        measured[row.get("kernel") or "?"].append(row)
+    kernels = []
+    for index, kernel in enumerate(entry.get("kernels") or []):
+        name = kernel.get("name") or f"kernel_{index}"
+        rows = sorted(measured.pop(name, []), key=_measurement_order)
+        kernels.append({
+            **kernel,
+            "anchor": f"k{index}",
+            "source_html": highlight_python(kernel.get("source") or "# source not stored"),
+            "config_text": plots.config_label(kernel.get("config"), kernel.get("variant")),
+            "measurements": [{**r, "config_text": plots.config_label(r.get("config"),
+                                                                       r.get("variant"))}
+                             for r in rows],
+            "plot": plots.candidate_plot(name, rows, _chosen(kernel, rows), f"cand{index}"),
+        })
+    # Measurements for kernels the schedule no longer names (e.g. after a compiler change).
+    orphans = [r for rows in measured.values() for r in rows]
+    return {
+        "entry": entry,
+        "target": entry.get("target") or {},
+        "kernels": kernels,
+        "orphan_measurements": orphans,
+        "op_summary": sorted((entry.get("op_summary") or {}).items(),
+                             key=lambda kv: (-kv[1], kv[0])),
+        "timings_plot": plots.timings_plot(entry.get("eager_ms"), entry.get("heuristic_ms"),
+                                           entry.get("tuned_ms")),
+        "jobs": list(entry.get("jobs") or []),
+    }
+
+
+def _measurement_order(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    # Stable order, by variant then config values (numerically), so candidate numbers in the
+    # plot and the table agree and do not depend on measurement order.
+    config = row.get("config") or {}
+    values = tuple((k, v if isinstance(v, int | float) else math.inf, str(v))
+                   for k, v in sorted(config.items()))
+    return (str(row.get("variant") or ""), values)
+
+
+def _chosen(kernel: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The schedule's config for this kernel, when one of the candidates matches it."""
+    config = kernel.get("config")
+    if config is None:
+        return None
+    wanted = plots.config_label(config)
+    same_variant = [r for r in rows if r.get("variant") in (None, kernel.get("variant"))]
+    return config if any(plots.config_label(r.get("config")) == wanted
+                         for r in same_variant) else None
+
+
+def age(value: Any) -> str:
+    """`3 min ago`-style text for a datetime or ISO string (empty for None)."""
+    if value in (None, ""):
+        return ""
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(
+        str(value).replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return seconds(max((datetime.now(UTC) - when).total_seconds(), 0.0)) + " ago"
+
+
+def seconds(value: float | None) -> str:
+    """Human text for a duration in seconds: `42 s`, `3 min`, `2.5 h`."""
+    if value is None:
+        return "–"
+    if value < 120:
+        return f"{value:.0f} s"
+    if value < 7200:
+        return f"{value / 60:.0f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def ms(value: float | None) -> str:
+    """Milliseconds with three significant digits, or a dash."""
+    return "–" if value is None else f"{value:.3g} ms"
+
+
+def speedup(value: float | None) -> str:
+    """`1.42x` or a dash."""
+    return "–" if value is None else f"{value:.2f}x"

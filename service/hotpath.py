@@ -1,0 +1,115 @@
+"""The schedule fetch that every client start makes, kept off the ORM and the threadpool.
+
+On PostgreSQL it runs one prepared statement on a small pool of async autocommit
+connections (no BEGIN/COMMIT, no thread hop); on SQLite (the embedded default) it runs the
+same query through SQLAlchemy in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from starlette.concurrency import run_in_threadpool
+
+from service.context import ServiceContext
+from service.models import JobRow, ScheduleRow
+
+log = logging.getLogger(__name__)
+
+_SQL = ("SELECT s.status, s.schedule, j.id, j.error FROM schedules s "
+        "LEFT JOIN jobs j ON j.key = s.key WHERE s.key = %s")
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database did not answer the lookup."""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the database holds for a key."""
+
+    status: str
+    schedule: str | None
+    job_id: int | None
+    error: str | None
+
+
+class ScheduleReader:
+    """Looks up one key; `lookup` returns None for an unknown key."""
+
+    def __init__(self, ctx: ServiceContext, pool_size: int = 8) -> None:
+        """A reader for the database of `ctx`, with up to `pool_size` connections."""
+        self.ctx = ctx
+        url = make_url(ctx.settings.database_url)
+        self._pg = url.get_backend_name() == "postgresql"
+        self._conninfo = ""
+        if self._pg:
+            self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._pool: asyncio.Queue | None = None
+        self._size = pool_size
+        self._made = 0
+
+    async def lookup(self, key: str) -> Lookup | None:
+        if not self._pg:
+            return await run_in_threadpool(self._lookup_sync, key)
+        import psycopg
+
+        conn = await self._acquire()
+        try:
+            cur = await conn.execute(_SQL, (key,), prepare=True)
+            row = await cur.fetchone()
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            await self._discard(conn)
+            raise DatabaseUnavailable(str(exc)) from exc
+        except BaseException:
+            await self._discard(conn)
+            raise
+        self._release(conn)
+        return Lookup(*row) if row else None
+
+    def _lookup_sync(self, key: str) -> Lookup | None:
+        with self.ctx.engine.connect() as conn:
+            row = conn.execute(
+                select(ScheduleRow.status, ScheduleRow.schedule, JobRow.id, JobRow.error)
+                .outerjoin(JobRow, JobRow.key == ScheduleRow.key).where(ScheduleRow.key == key)
+            ).one_or_none()
+        return Lookup(*row) if row else None
+
+    async def _acquire(self):  # type: ignore[no-untyped-def]
+        import psycopg
+
+        if self._pool is None:
+            self._pool = asyncio.Queue()
+        if self._pool.empty() and self._made < self._size:
+            self._made += 1
+            try:
+                return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True,
+                                                             connect_timeout=3)
+            except psycopg.OperationalError as exc:
+                self._made -= 1
+                raise DatabaseUnavailable(str(exc)) from exc
+        try:
+            return await asyncio.wait_for(self._pool.get(), timeout=5)
+        except TimeoutError:
+            raise DatabaseUnavailable("no database connection free within 5 s") from None
+
+    def _release(self, conn) -> None:  # type: ignore[no-untyped-def]
+        assert self._pool is not None
+        self._pool.put_nowait(conn)
+
+    async def _discard(self, conn) -> None:  # type: ignore[no-untyped-def]
+        self._made -= 1
+        try:
+            await conn.close()
+        except Exception:  # already broken
+            log.debug("closing a broken connection failed", exc_info=True)
+
+    async def close(self) -> None:
+        """Close pooled connections."""
+        while self._pool is not None and not self._pool.empty():
+            await self._pool.get_nowait().close()
+        self._made = 0

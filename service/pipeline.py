@@ -1,0 +1,96 @@
+"""What workers do with a job: the heuristic build (CPU) and tuning (GPU).
+
+Both take the stored wire JSON and target JSON and return plain data for the store; both
+raise on failure (the worker records the error and counts the attempt).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """A schedule to publish, its kernels (with sources), timings and measurements."""
+
+    schedule: dict[str, Any]
+    kernels: list[dict[str, Any]]
+    timings: dict[str, float | None] = field(default_factory=dict)
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+
+def _kernels(built: Any) -> list[dict[str, Any]]:
+    return [{"name": k.name, "kind": getattr(k, "kind", ""), "variant": getattr(k, "variant", ""),
+             "config": dict(getattr(k, "config", {}) or {}), "nodes": list(getattr(k, "nodes", [])),
+             "ops": list(getattr(k, "ops", [])), "source": k.source, "source_hash": k.source_hash}
+            for k in built.kernels]
+
+
+def _numel(graph: Any) -> int:
+    return sum(math.prod(i.shape) for i in graph.inputs)
+
+
+def _check_on_interpreter(graph: Any, built: Any) -> None:
+    """Run the heuristic build on seeded inputs and compare with the rebuilt aten graph."""
+    import torch
+
+    import compiler
+
+    inputs = compiler.random_inputs(graph, seed=0)
+    expected = graph.to_fx()(*[t.clone() for t in inputs])
+    got = built(*[t.clone() for t in inputs])
+    expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    if len(expected) != len(got):
+        raise AssertionError(f"the build returned {len(got)} outputs, the graph {len(expected)}")
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        if isinstance(e, torch.Tensor):
+            low = e.dtype in (torch.float16, torch.bfloat16)
+            torch.testing.assert_close(g, e, rtol=2e-2 if low else 1e-4, atol=2e-2 if low else 1e-5,
+                                       equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}")
+
+
+def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:
+    """Lower, fuse and generate the heuristic schedule's kernels for the target. For a CPU
+    target whose inputs are small, check the build's outputs on the Triton interpreter."""
+    import compiler
+
+    graph = compiler.from_wire(wire)
+    target = compiler.Target.from_json(target_json)
+    built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
+    note = "heuristic build"
+    if target.device_type == "cpu" and _numel(graph) <= interpret_max_numel:
+        _check_on_interpreter(graph, built)
+        note = "heuristic build, checked on the Triton interpreter"
+    return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built), note=note)
+
+
+def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float) -> Outcome:
+    """Tune on this machine's GPU; the tuned schedule with every measurement."""
+    import compiler
+    import tuner
+
+    graph = compiler.from_wire(wire)
+    target = compiler.Target.from_json(target_json)
+    start = time.monotonic()
+    result = tuner.tune(graph, target, tuner.Budget(trials=trials, seconds=seconds))
+    built = compiler.build(graph, result.schedule)
+    kernels = _kernels(built)
+    measurements = [dict(m) for m in result.measurements]
+    for k in kernels:  # each kernel's tuned time: its winning config's best verified run
+        times = [m["ms"] for m in measurements if m.get("kernel") == k["name"]
+                 and m.get("config") == k["config"] and m.get("ms") is not None and m.get("verified")]
+        k["tuned_ms"] = min(times) if times else None
+    return Outcome(
+        schedule=built.schedule.to_json(), kernels=kernels, measurements=measurements,
+        timings={"eager_ms": result.eager_ms, "heuristic_ms": result.heuristic_ms,
+                 "tuned_ms": result.best_ms,
+                 "tuning_s": getattr(result, "seconds", None) or time.monotonic() - start},
+        note=f"tuned: {len(measurements)} candidates measured")

@@ -1,0 +1,20 @@
+"""Every Redis key kiln uses, in one place. All start with the configured prefix."""
+
+from __future__ import annotations
+
+GROUP = "workers"  # the consumer group every stream carries
+
+
+def stream(prefix: str, name: str) -> str:
+    """The stream holding job ids for `name` (`build` or `tune:<queue class>`)."""
+    return f"{prefix}stream:{name}"
+
+
+def streams_index(prefix: str) -> str:
+    """A set of the stream names in use, so depth can be reported without SCAN."""
+    return f"{prefix}streams"
+
+
+def epoch(prefix: str) -> str:
+    """A marker written once; finding it missing means Redis lost its data."""
+    return f"{prefix}epoch"

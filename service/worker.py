@@ -1,0 +1,208 @@
+"""Worker processes: `kiln worker --device cpu` builds heuristic schedules for every target,
+`kiln worker --device cuda:N` tunes for its GPU's target class.
+
+A job is claimed in the database (attempts counted there) after its message is delivered;
+a heartbeat thread renews the job's lease in both the database and the queue, records the
+worker's heartbeat, and runs the recovery pass that re-enqueues what Redis lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select, update
+
+from service import pipeline, store
+from service.context import ServiceContext
+from service.models import GraphRow, JobRow, ScheduleRow, WorkerRow, utcnow
+from service.queue import BUILD_STREAM, Delivery, QueueUnavailable, tune_stream
+
+log = logging.getLogger(__name__)
+
+BuildFn = Callable[[str, dict[str, Any], int], pipeline.Outcome]
+TuneFn = Callable[[str, dict[str, Any], int, float], pipeline.Outcome]
+
+
+class WorkerInterrupted(BaseException):
+    """Raised in the worker's thread by a second SIGTERM: give the job back and stop now."""
+
+
+class Worker:
+    """One worker: `device` is "cpu" (build stream) or "cuda:N" (its target's tune stream)."""
+
+    def __init__(self, ctx: ServiceContext, device: str = "cpu", worker_id: str | None = None,
+                 build: BuildFn = pipeline.build_heuristic, tune: TuneFn = pipeline.tune,
+                 queue_class: str | None = None, block_s: float = 1.0) -> None:
+        self.ctx, self.device, self.block_s = ctx, device, block_s
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{device}-{uuid.uuid4().hex[:6]}"
+        self._build, self._tune = build, tune
+        if device == "cpu":
+            self.queue_class, self.streams = "cpu", [BUILD_STREAM]
+        else:
+            if queue_class is None:
+                import compiler
+
+                queue_class = compiler.Target.detect(device).queue_class
+            self.queue_class, self.streams = queue_class, [tune_stream(queue_class)]
+        self._stop = threading.Event()
+        self._current: tuple[JobRow, Delivery] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.processed = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve jobs until stop() (or a signal) asks to stop; the job in hand is finished."""
+        self._register()
+        beat = threading.Thread(target=self._heartbeat, name=f"kiln-heartbeat-{self.id}", daemon=True)
+        beat.start()
+        log.info("worker %s serving %s", self.id, ", ".join(self.streams))
+        try:
+            while not self._stop.is_set():
+                try:
+                    delivery = self.ctx.queue.claim(self.streams, self.id, self.block_s)
+                except QueueUnavailable as exc:
+                    log.warning("queue unavailable (%s); retrying", exc)
+                    self._stop.wait(1.0)
+                    continue
+                if delivery is not None:
+                    self._handle(delivery)
+        except WorkerInterrupted:
+            log.info("worker %s interrupted", self.id)
+        finally:
+            self._stop.set()
+            beat.join(timeout=5)
+            self._unregister()
+
+    def start_thread(self) -> threading.Thread:
+        """Run in a daemon thread (the embedded worker of `kiln serve`, tests)."""
+        self._thread = threading.Thread(target=self.run, name=f"kiln-worker-{self.id}", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        """Stop after the job in hand."""
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the worker thread started by start_thread()."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- one job ---------------------------------------------------------------------------
+    def _handle(self, delivery: Delivery) -> None:
+        settings = self.ctx.settings
+        stage = "build" if delivery.stream == BUILD_STREAM else "tune"
+        try:
+            with self.ctx.transaction() as session:
+                job = store.claim(session, delivery.job_id, stage, self.id, settings.lease_s,
+                                  settings.max_attempts)
+                if job is not None:
+                    wire, target, queue_class = session.execute(
+                        select(GraphRow.wire, ScheduleRow, ScheduleRow.queue_class)
+                        .join(ScheduleRow, ScheduleRow.graph_hash == GraphRow.graph_hash)
+                        .where(ScheduleRow.key == job.key)).one()
+                    target_json = {"device_type": target.device_type, "arch": target.arch,
+                                   "name": target.device_name, "torch": target.torch_version,
+                                   "triton": target.triton_version,
+                                   "compiler": target.compiler_version}
+        except Exception:
+            log.exception("claiming job %s failed; the message stays for a retry", delivery.job_id)
+            self._stop.wait(1.0)
+            return
+        if job is None:  # finished, held by a live worker, or out of attempts
+            self.ctx.queue.ack(delivery)
+            return
+        with self._lock:
+            self._current = (job, delivery)
+        try:
+            self._run_job(job, stage, wire, target_json, queue_class, delivery)
+        except WorkerInterrupted:
+            with self.ctx.transaction() as session:
+                store.release(session, job, self.id, "worker stopped; job given back")
+            self.ctx.queue.enqueue(delivery.stream, job.id)
+            self.ctx.queue.ack(delivery)
+            raise
+        finally:
+            with self._lock:
+                self._current = None
+
+    def _run_job(self, job: JobRow, stage: str, wire: str, target_json: dict[str, Any],
+                 queue_class: str, delivery: Delivery) -> None:
+        settings = self.ctx.settings
+        log.info("job %s (%s) attempt %d on %s", job.id, stage, job.attempts, self.id)
+        try:
+            if stage == "build":
+                outcome = self._build(wire, target_json, settings.interpret_max_numel)
+            else:
+                outcome = self._tune(wire, target_json, settings.tune_trials, settings.tune_seconds)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("job %s failed on %s: %s\n%s", job.id, self.id, error, traceback.format_exc())
+            with self.ctx.transaction() as session:
+                state = store.fail_attempt(session, job, self.id, error[:4000], settings.max_attempts)
+            if state == "queued":
+                self.ctx.queue.enqueue(delivery.stream, job.id)
+            self.ctx.queue.ack(delivery)
+            return
+        status = "heuristic" if stage == "build" else "tuned"
+        tuner_next = False
+        with self.ctx.transaction() as session:
+            store.publish_schedule(session, job.key, status, outcome.schedule, outcome.kernels,
+                                   outcome.timings)
+            if outcome.measurements:
+                store.add_measurements(session, job.key, job.id, self.id, outcome.measurements)
+            if stage == "build" and target_json["device_type"] != "cpu" and \
+                    self.ctx.gpu_serves(session, queue_class):
+                tuner_next = store.hand_to_tuner(session, job, self.id)
+            else:
+                store.finish(session, job, self.id, outcome.note)
+        if tuner_next:
+            self.ctx.queue.enqueue(tune_stream(queue_class), job.id)
+        self.ctx.queue.ack(delivery)
+        self.processed += 1
+
+    # ---- background ------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        settings = self.ctx.settings
+        since_recovery = settings.lease_s  # recover on the first beat
+        while not self._stop.wait(settings.heartbeat_s):
+            with self._lock:
+                current = self._current
+            try:
+                with self.ctx.transaction() as session:
+                    session.execute(update(WorkerRow).where(WorkerRow.id == self.id).values(
+                        heartbeat_at=utcnow(), status="running",
+                        current_job_id=current[0].id if current else None))
+                    if current:
+                        store.renew(session, current[0].id, self.id, settings.lease_s)
+                if current:
+                    self.ctx.queue.touch(current[1], self.id)
+                since_recovery += settings.heartbeat_s
+                if since_recovery >= settings.lease_s:
+                    since_recovery = 0.0
+                    self.ctx.recover()
+            except Exception as exc:  # database or Redis down: keep beating
+                log.warning("heartbeat of %s failed: %s", self.id, exc)
+
+    def _register(self) -> None:
+        now = utcnow()
+        with self.ctx.transaction() as session:
+            session.merge(WorkerRow(id=self.id, device=self.device, queue_class=self.queue_class,
+                                    status="running", started_at=now, heartbeat_at=now,
+                                    current_job_id=None))
+
+    def _unregister(self) -> None:
+        try:
+            with self.ctx.transaction() as session:
+                session.execute(update(WorkerRow).where(WorkerRow.id == self.id).values(
+                    status="stopped", current_job_id=None, heartbeat_at=utcnow()))
+        except Exception as exc:
+            log.warning("could not mark worker %s stopped: %s", self.id, exc)

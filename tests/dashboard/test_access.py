@@ -1,0 +1,177 @@
+"""Who sees what: login, the session cookie, CSRF, and that no data leaks without the token.
+
+Runs the real service app (PostgreSQL, the service's token check) in-process.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service import auth
+from service.api.app import create_app
+from service.context import ServiceContext
+from tests.dashboard.conftest import ADMIN_TOKEN, seed_entry
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def app_ctx(dash_ctx: ServiceContext) -> Iterator[tuple[TestClient, ServiceContext, str]]:
+    key = seed_entry(dash_ctx)
+    with TestClient(create_app(ctx=dash_ctx), follow_redirects=False) as client:
+        yield client, dash_ctx, key
+
+
+def _csrf(client: TestClient, path: str = "/admin/login") -> str:
+    page = client.get(path)
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert match, page.text[:500]
+    return match.group(1)
+
+
+def _login(client: TestClient, token: str = ADMIN_TOKEN, next_: str = "/admin"):
+    return client.post("/admin/login", data={"token": token, "csrf_token": _csrf(client),
+                                             "next": next_})
+
+
+def test_pages_without_token_redirect_to_login_and_show_no_data(app_ctx) -> None:
+    client, _, key = app_ctx
+    for path in ("/admin", "/admin/entries", f"/admin/entries/{key}", "/admin/jobs",
+                 f"/admin/entries?q={key[:6]}"):
+        response = client.get(path)
+        assert response.status_code == 303, path
+        assert response.headers["location"].startswith("/admin/login?next=")
+        assert key[:12] not in response.text
+    for path in (f"/admin/entries/{key}/invalidate", f"/admin/entries/{key}/retune"):
+        response = client.post(path, data={"confirmed": "yes"})
+        assert response.status_code == 303 and "/admin/login" in response.headers["location"]
+    # The admin JSON API answers 401 with an error body, never data.
+    response = client.get("/v1/admin/entries")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
+    assert key not in response.text
+    # A wrong token in the cookie is no better than none.
+    client.cookies.set("kiln_admin", "kiln_not-a-token")
+    assert client.get(f"/admin/entries/{key}").status_code == 303
+    assert client.get("/v1/admin/stats").status_code == 401
+
+
+def test_login_sets_a_strict_httponly_cookie_and_keeps_the_token_out_of_urls(app_ctx) -> None:
+    client, _, key = app_ctx
+    response = _login(client, next_=f"/admin/entries/{key}")
+    assert response.status_code == 303
+    assert response.headers["location"] == f"/admin/entries/{key}"
+    assert ADMIN_TOKEN not in response.headers["location"]
+    cookie = next(h for h in response.headers.get_list("set-cookie") if h.startswith("kiln_admin="))
+    attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+    assert {"httponly", "samesite", "path"} <= attributes
+    assert "samesite=strict" in cookie.lower() and "secure" not in attributes  # plain http
+    page = client.get(f"/admin/entries/{key}")
+    assert page.status_code == 200 and key in page.text
+    assert ADMIN_TOKEN not in page.text
+    # The same cookie opens the admin API (the contract: bearer header or the cookie).
+    assert client.get("/v1/admin/entries").json()["total"] == 1
+
+
+def test_cookie_is_secure_over_https(dash_ctx: ServiceContext) -> None:
+    with TestClient(create_app(ctx=dash_ctx), base_url="https://testserver",
+                    follow_redirects=False) as client:
+        response = _login(client)
+    cookie = next(h for h in response.headers.get_list("set-cookie") if h.startswith("kiln_admin="))
+    assert "secure" in {p.strip().lower() for p in cookie.split(";")}
+
+
+def test_wrong_token_client_token_and_missing_csrf_are_refused(app_ctx) -> None:
+    client, ctx, _ = app_ctx
+    response = _login(client, token="kiln_wrong")
+    assert response.status_code == 401 and "not an admin token" in response.text
+    assert "kiln_admin" not in response.headers.get("set-cookie", "")
+    with ctx.transaction() as session:
+        client_token = auth.create_token(session, "client")
+    assert _login(client, token=client_token).status_code == 401
+    response = client.post("/admin/login", data={"token": ADMIN_TOKEN, "csrf_token": "forged"})
+    assert response.status_code == 403
+    assert "kiln_admin" not in response.headers.get("set-cookie", "")
+
+
+def test_stored_admin_token_logs_in_and_logout_forgets_it(app_ctx) -> None:
+    client, ctx, _ = app_ctx
+    with ctx.transaction() as session:
+        token = auth.create_token(session, "admin", name="operator")
+    assert _login(client, token=token).status_code == 303
+    assert client.get("/admin").status_code == 200
+    response = client.post("/admin/logout", data={"csrf_token": _csrf(client, "/admin")})
+    assert response.status_code == 303
+    assert client.get("/admin").status_code == 303
+
+
+def test_open_redirects_after_login_are_refused(app_ctx) -> None:
+    client, _, _ = app_ctx
+    for target in ("https://evil.example/admin", "//evil.example/admin", "/v1/admin/entries"):
+        client.cookies.delete("kiln_admin")
+        response = _login(client, next_=target)
+        assert response.headers["location"] == "/admin", target
+
+
+def test_actions_need_csrf_and_confirmation(app_ctx) -> None:
+    client, _, key = app_ctx
+    _login(client)
+    response = client.post(f"/admin/entries/{key}/invalidate",
+                           data={"csrf_token": "forged", "confirmed": "yes"})
+    assert response.status_code == 403
+    assert client.get(f"/v1/schedules/{key}").status_code == 200  # untouched
+    csrf = _csrf(client, f"/admin/entries/{key}")
+    response = client.post(f"/admin/entries/{key}/invalidate", data={"csrf_token": csrf})
+    assert response.status_code == 200 and "Yes, invalidate" in response.text  # asks first
+    assert client.get(f"/v1/schedules/{key}").status_code == 200
+    response = client.post(f"/admin/entries/{key}/invalidate",
+                           data={"csrf_token": csrf, "confirmed": "yes"})
+    assert response.status_code == 303
+    answer = client.get(f"/v1/schedules/{key}")
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "invalidated"
+
+
+def test_bad_keys_and_filters_get_clear_answers(app_ctx) -> None:
+    client, _, key = app_ctx
+    _login(client)
+    assert client.get("/admin/entries/not-a-key").status_code == 404
+    assert client.get("/admin/entries/" + "0" * 64).status_code == 404
+    page = client.get("/admin/entries?q=zz%25&status=bogus&sort=drop&order=x&page=-3")
+    assert page.status_code == 200 and "hexadecimal" in page.text
+    assert key[:12] in page.text  # the bad filters were dropped, not applied
+    assert client.get("/admin/static/../../settings.py").status_code == 404
+
+
+def test_entries_sort_by_tuning_time_and_filter_by_tag(app_ctx) -> None:
+    client, ctx, first = app_ctx
+    slow = seed_entry(ctx, tag="slow-model", tuning_s=900.0)
+    quick = seed_entry(ctx, tag="quick-model", tuning_s=30.0)
+    _login(client)
+    page = client.get("/admin/entries?sort=tuning_s&order=desc").text
+    assert page.index(slow[:12]) < page.index(quick[:12]) < page.index(first[:12])
+    page = client.get("/admin/entries?sort=tuning_s&order=asc").text
+    assert page.index(quick[:12]) < page.index(slow[:12])
+    page = client.get("/admin/entries?tag=quick-model").text
+    assert quick[:12] in page and slow[:12] not in page and first[:12] not in page
+
+
+def test_entries_are_paged(app_ctx) -> None:
+    client, ctx, _ = app_ctx
+    for _ in range(10):
+        seed_entry(ctx, tag="paged")
+    _login(client)
+    first = client.get("/admin/entries?tag=paged&per_page=10&order=asc")
+    assert first.status_code == 200 and "page 1 of 1" not in first.text
+    assert "11 entries" not in first.text and "10 entries" in first.text
+    seed_entry(ctx, tag="paged")
+    first = client.get("/admin/entries?tag=paged&per_page=10")
+    assert "11 entries, page 1 of 2" in first.text
+    link = re.search(r'href="(/admin/entries\?[^"]*page=2[^"]*)" rel="next"', first.text)
+    assert link, first.text[-1500:]
+    second = client.get(link.group(1).replace("&amp;", "&"))
+    assert second.status_code == 200 and "page 2 of 2" in second.text
+    assert second.text.count('<tr>') - 1 == 1  # the 11th entry, below the header row

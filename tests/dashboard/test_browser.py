@@ -1,0 +1,144 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by Playwright) over a
+live service whose entry was built and tuned by the real workers and tuner on the CPU.
+
+Set KILN_UPDATE_SCREENSHOTS=1 to refresh docs/screenshots/{overview,entry}.png from this run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from service.context import ServiceContext
+from service.queue import InProcessQueue
+from service.settings import Settings
+from tests.dashboard.conftest import ADMIN_TOKEN
+from tests.dashboard.live import CHROMIUM, CHROMIUM_ARGS, LiveService
+
+pytestmark = [pytest.mark.browser, pytest.mark.services]
+
+REPO = Path(__file__).resolve().parents[2]
+TUNE_TRIALS = 6
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} is missing: `make browser` installs Debian's chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def live(dash_settings: Settings) -> Iterator[LiveService]:
+    settings = dash_settings.model_copy(update={"tune_trials": TUNE_TRIALS, "tune_seconds": 60.0})
+    ctx = ServiceContext(settings, queue=InProcessQueue(settings.lease_s))
+    try:
+        with LiveService(ctx) as service:
+            yield service
+    finally:
+        ctx.close()
+
+
+def _populate(live: LiveService) -> tuple[str, str]:
+    """A tuned entry (real build + real tuning) and a heuristic one, some hits and misses."""
+    torch.manual_seed(0)
+    tuned = live.submit(lambda x, r: torch.softmax(x * 0.125, -1) + r,
+                        [torch.randn(8, 32), torch.randn(8, 32)], tag="softmax-demo")
+    heuristic = live.submit(lambda x, y: torch.relu(x + y) * 2.0,
+                            [torch.randn(16, 16), torch.randn(16, 16)], tag="mlp-demo")
+    live.start_worker(device="cpu")
+    live.wait_status(tuned["key"], "heuristic", 60)
+    live.send_to_tuning(tuned["key"])
+    # A worker serving the CPU target's tune stream, running the service's real tuning step.
+    live.start_worker(device="cpu-interpreter", queue_class="cpu")
+    live.wait_status(tuned["key"], "tuned", 90)
+    live.wait_status(heuristic["key"], "heuristic", 60)
+    for _ in range(3):  # cache hits, counted by the API
+        assert live.schedule_status(tuned["key"])[0] == 200
+    return tuned["key"], heuristic["key"]
+
+
+def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browser, tmp_path):
+    tuned_key, heuristic_key = _populate(live)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+
+    # Without the cookie every page sends the browser to the login form.
+    page.goto(f"{live.url}/admin/entries/{tuned_key}")
+    assert page.url.startswith(f"{live.url}/admin/login")
+    assert tuned_key[:12] not in page.content()
+    page.fill("#token", ADMIN_TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live.url}/admin/entries/{tuned_key}")
+    assert ADMIN_TOKEN not in page.url
+    cookie = next(c for c in context.cookies() if c["name"] == "kiln_admin")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+    # Overview: counts and plots from the live database.
+    page.goto(f"{live.url}/admin")
+    assert page.locator("#plot-status svg[role=img]").is_visible()
+    assert page.locator("#plot-hit-rate svg[role=img]").is_visible()
+    assert "tuned: 1" in page.locator("#plot-status figcaption").inner_text()
+    page.wait_for_timeout(1200)  # the API flushes hit counters once a second
+    page.reload()
+    page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+
+    # Entries: search by key prefix, open the tuned entry.
+    page.goto(f"{live.url}/admin/entries")
+    page.fill("input[name=q]", tuned_key[:8])
+    page.click("form.filters button[type=submit]")
+    rows = page.locator("#entries tbody tr")
+    assert rows.count() == 1 and "tuned" in rows.first.inner_text()
+    assert heuristic_key[:12] not in page.content()
+    rows.first.locator("a").first.click()
+    page.wait_for_url(f"{live.url}/admin/entries/{tuned_key}")
+
+    # Entry: kernel source (highlighted), candidate plot with every measured candidate.
+    assert page.locator("#entry-status").inner_text() == "tuned"
+    source = page.locator(".kernel .source").first
+    assert source.is_visible() and "@triton.jit" in source.inner_text()
+    assert source.locator("span").count() > 10  # highlighted tokens, not plain text
+    plot = page.locator("figure.candidates svg[role=img]").first
+    assert plot.is_visible()
+    page.locator(".kernel details.measurements summary").first.click()
+    measured = page.locator(".kernel details.measurements tbody tr")
+    assert measured.count() >= 1
+    assert page.locator("#op-summary").inner_text().count("aten.") >= 2
+    page.screenshot(path=str(tmp_path / "entry.png"), full_page=True)
+
+    # Invalidate, confirming the browser's dialog; the API then answers 404 invalidated.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("form[action$='/invalidate'] button")
+    page.wait_for_url(f"{live.url}/admin/entries/{tuned_key}?done=invalidate")
+    assert page.locator("#entry-status").inner_text() == "invalidated"
+    code, body = live.schedule_status(tuned_key)
+    assert code == 404 and body["error"]["code"] == "invalidated"
+    code, _ = live.schedule_status(heuristic_key)
+    assert code == 200
+
+    # A second browser without the cookie still sees no data, page or API.
+    stranger = browser.new_context().new_page()
+    stranger.goto(f"{live.url}/admin")
+    assert stranger.url.startswith(f"{live.url}/admin/login")
+    api = stranger.goto(f"{live.url}/v1/admin/entries")
+    assert api is not None and api.status == 401 and tuned_key not in stranger.content()
+
+    for name in ("overview.png", "entry.png"):
+        assert (tmp_path / name).stat().st_size > 20_000  # a rendered page, not a blank one
+        if os.environ.get("KILN_UPDATE_SCREENSHOTS"):
+            shutil.copy(tmp_path / name, REPO / "docs" / "screenshots" / name)

@@ -1,0 +1,79 @@
+"""A tiny scriptable HTTP server for client fault tests (garbage, 5xx, slow, hangs).
+
+`handler(method, path, body) -> (status, headers, bytes)` decides each answer (status 0:
+close the connection without one); every request is recorded in `requests` as
+(method, path, body, headers). This is not the kiln service: tests that need the real
+service start it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Reply = tuple[int, dict[str, str], bytes]
+Handler = Callable[[str, str, Any], Reply]
+
+
+def json_reply(status: int, doc: Any) -> Reply:
+    """An answer with a JSON body."""
+    return status, {"Content-Type": "application/json"}, json.dumps(doc).encode()
+
+
+class FakeServer:
+    """Serve `handler` on 127.0.0.1 in a daemon thread; use as a context manager."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[tuple[str, str, Any, dict[str, str]]] = []
+        outer = self
+
+        class _H(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _serve(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw
+                outer.requests.append((method, self.path, body, dict(self.headers)))
+                status, headers, data = outer.handler(method, self.path, body)
+                if status == 0:  # close the connection without answering
+                    self.close_connection = True
+                    return
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                self._serve("GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._serve("POST")
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _H)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (later connections are refused)."""
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,261 @@
+"""The backend without the real service: local builds, the disk cache, and each fault the
+client must survive (service down, garbage, hash mismatch, a schedule that lands late),
+with results equal to eager and one warning per cause."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+import compiler
+import kiln
+from examples.models import SeedMLP
+from kiln import backend
+from kiln.cache import ScheduleCache
+from tests.kiln.fake_http import FakeServer, json_reply
+from tests.kiln.helpers import assert_close_losses, causes, free_port, train_mlp
+
+pytestmark = pytest.mark.usefixtures("kiln_state")
+
+
+def _graphs_by_kind() -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for g in backend.compiled_graphs():
+        kinds[g.kind] = kinds.get(g.kind, 0) + 1
+    return kinds
+
+
+def test_backend_is_registered_under_the_name_kiln():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("kiln") is kiln.remote_compile
+
+
+def test_training_without_a_service_builds_locally_and_the_cache_serves_a_restart(
+        kiln_warnings, kiln_state):
+    kiln.configure(url=None)
+    want = train_mlp(steps=3, backend=None)
+    assert_close_losses(train_mlp(steps=3), want)
+    stats = kiln.stats()
+    assert _graphs_by_kind() == {"forward": 1, "backward": 1}
+    assert stats["schedules_local"] == 2 and stats["builds"] == 2 and stats["eager"] == 0
+    assert all(g.level == "heuristic" and g.built.kernels for g in backend.compiled_graphs())
+    assert not causes(kiln_warnings)  # no service configured: nothing to warn about
+
+    # A restart (fresh dynamo, fresh counters) finds both schedules on disk.
+    torch._dynamo.reset()
+    kiln.degrade.reset()
+    assert_close_losses(train_mlp(steps=3), want)
+    stats = kiln.stats()
+    assert stats["schedules_cached"] == 2 and stats["schedules_local"] == 0
+
+
+def test_service_down_at_start_trains_correctly_with_one_warning(kiln_warnings):
+    kiln.configure(url=f"http://127.0.0.1:{free_port()}", retries=0)
+    want = train_mlp(backend=None)
+    start = time.monotonic()
+    assert_close_losses(train_mlp(), want)
+    assert time.monotonic() - start < 120
+    assert causes(kiln_warnings) == {"unreachable": 1}
+    stats = kiln.stats()
+    assert stats["schedules_local"] == 2 and stats["eager"] == 0
+    assert stats["fallback:unreachable"] >= 2  # forward and backward both met it
+
+
+def test_service_answering_garbage_trains_correctly_with_one_warning(kiln_warnings):
+    def garbage(method, path, body):
+        return 200, {"Content-Type": "application/json"}, b'{"key": 12, "schedule": [}'
+
+    with FakeServer(garbage) as srv:
+        kiln.configure(url=srv.url, retries=0)
+        want = train_mlp(backend=None)
+        assert_close_losses(train_mlp(), want)
+    assert causes(kiln_warnings) == {"malformed": 1}
+    assert kiln.stats()["schedules_local"] == 2
+
+
+def _schedule_for(body: dict, status: str, corrupt_hashes: bool = False) -> dict:
+    """A real schedule for the submitted graph, as a service would compute it."""
+    graph = compiler.from_wire(body["graph"])
+    target = compiler.Target.from_json(body["target"])
+    built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
+    schedule = built.schedule.to_json()
+    schedule["status"] = status
+    if corrupt_hashes:
+        for kernel in schedule["kernels"]:
+            kernel["source_hash"] = "0" * 64
+    return schedule
+
+
+class TunedLater:
+    """A fake service: pending for the first `pending_polls` polls of a key, then tuned."""
+
+    def __init__(self, pending_polls: int, corrupt_hashes: bool = False) -> None:
+        self.pending_polls = pending_polls
+        self.corrupt = corrupt_hashes
+        self.bodies: dict[str, dict] = {}
+        self.polls: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, method, path, body):
+        with self.lock:
+            if method == "POST":
+                key = compiler.tuning_key(compiler.from_wire(body["graph"]),
+                                          compiler.Target.from_json(body["target"]))
+                self.bodies[key] = body
+                self.polls[key] = 0
+            elif path.startswith("/v1/jobs/"):
+                return json_reply(200, {"id": path.rsplit("/", 1)[1], "status": "running"})
+            else:
+                key = path.rsplit("/", 1)[1]
+                self.polls[key] = self.polls.get(key, 0) + 1
+            if key not in self.bodies:
+                return json_reply(404, {"error": {"code": "not_found", "message": key}})
+            if self.polls[key] < self.pending_polls:
+                return json_reply(202, {"key": key, "status": "pending", "job_id": key[:8]})
+            schedule = _schedule_for(self.bodies[key], "tuned", self.corrupt)
+        return json_reply(200, {"key": key, "status": "tuned", "schedule": schedule,
+                                "job_id": key[:8]})
+
+
+def test_hash_mismatch_from_the_service_builds_locally_with_one_warning(kiln_warnings):
+    with FakeServer(TunedLater(pending_polls=0, corrupt_hashes=True)) as srv:
+        kiln.configure(url=srv.url)
+        want = train_mlp(backend=None)
+        assert_close_losses(train_mlp(), want)
+    assert causes(kiln_warnings) == {"hash_mismatch": 1}
+    stats = kiln.stats()
+    assert stats["schedules_local"] == 2 and stats["schedules_fetched"] == 0
+
+
+def test_hash_mismatch_in_the_local_cache_is_a_miss(kiln_warnings, kiln_state):
+    kiln.configure(url=None)
+    want = train_mlp(steps=2, backend=None)
+    train_mlp(steps=2)
+    cache = ScheduleCache(kiln_state["cache_dir"])
+    for g in backend.compiled_graphs():  # tamper every entry, keeping it self-consistent
+        doc = g.built.schedule.to_json()
+        for kernel in doc["kernels"]:
+            kernel["source_hash"] = "f" * 64
+        cache.path(g.key).unlink()
+        cache.put(g.key, "tuned", doc)
+    torch._dynamo.reset()
+    kiln.degrade.reset()
+    assert_close_losses(train_mlp(steps=2), want)
+    assert causes(kiln_warnings) == {"hash_mismatch": 1}
+    assert kiln.stats()["schedules_local"] == 2
+
+
+def test_wait_mode_takes_the_tuned_schedule_and_caches_it(kiln_warnings, kiln_state):
+    with FakeServer(TunedLater(pending_polls=2)) as srv:
+        kiln.configure(url=srv.url, mode="wait", poll_interval=0.05)
+        want = train_mlp(steps=2, backend=None)
+        assert_close_losses(train_mlp(steps=2), want)
+    assert not causes(kiln_warnings)
+    stats = kiln.stats()
+    assert stats["schedules_fetched"] == 2 and stats["schedules_local"] == 0
+    assert {g.level for g in backend.compiled_graphs()} == {"tuned"}
+    cache = ScheduleCache(kiln_state["cache_dir"])
+    assert all(cache.get(g.key).status == "tuned" for g in backend.compiled_graphs())
+
+
+def test_wait_mode_gives_up_at_its_timeout_then_swaps_in_the_tuned_schedule(kiln_warnings):
+    with FakeServer(TunedLater(pending_polls=8)) as srv:
+        kiln.configure(url=srv.url, mode="wait", wait_timeout=0.2, poll_interval=0.05)
+        model = SeedMLP(16, 32, 10).eval()
+        x = torch.randn(4, 16)
+        compiled = torch.compile(model, backend="kiln")
+        start = time.monotonic()
+        with torch.no_grad():
+            want, got = model(x), compiled(x)
+        assert time.monotonic() - start < 60  # no hang beyond the wait timeout (+ a build)
+        torch.testing.assert_close(got, want)
+        (graph,) = backend.compiled_graphs()
+        assert graph.level == "heuristic" and graph.origin == "local"
+        deadline = time.monotonic() + 60
+        while graph.level != "tuned" and time.monotonic() < deadline:
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), want)
+            time.sleep(0.05)
+    assert graph.level == "tuned" and graph.origin == "service"
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), want)
+    assert causes(kiln_warnings) == {"wait_timeout": 1}
+    assert kiln.stats()["swaps"] == 1
+
+
+def test_async_mode_starts_at_once_and_swaps_between_calls_from_two_threads(kiln_warnings):
+    with FakeServer(TunedLater(pending_polls=4)) as srv:
+        kiln.configure(url=srv.url, mode="async", poll_interval=0.05)
+        model = SeedMLP(16, 32, 10).eval()
+        x = torch.randn(4, 16)
+        with torch.no_grad():
+            want = model(x)
+            compiled = torch.compile(model, backend="kiln")
+            torch.testing.assert_close(compiled(x), want)
+        (graph,) = backend.compiled_graphs()
+        assert graph.level == "heuristic"
+        errors: list[BaseException] = []
+
+        def hammer() -> None:
+            deadline = time.monotonic() + 60
+            try:
+                while graph.level != "tuned" and time.monotonic() < deadline:
+                    with torch.no_grad():
+                        torch.testing.assert_close(compiled(x), want)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=hammer) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert graph.level == "tuned"
+    assert not causes(kiln_warnings)
+    assert kiln.stats()["swaps"] == 1
+
+
+def test_dynamic_shapes_warn_once_and_compile_per_concrete_shape(kiln_warnings):
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model = SeedMLP(16, 32, 10)
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    for batch in (3, 5, 3):
+        x = torch.randn(batch, 16)
+        model.zero_grad()
+        compiled(x).square().sum().backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).square().sum().backward()
+        for g, p in zip(got, model.parameters(), strict=True):
+            torch.testing.assert_close(g, p.grad)
+    assert causes(kiln_warnings) == {"dynamic_shapes": 1}
+    stats = kiln.stats()
+    # forward and backward, once per concrete shape (3 and 5), reused for the second 3
+    assert stats["schedules_local"] == 4 and stats["eager"] == 0, stats
+
+
+def test_a_bad_environment_value_runs_eagerly_with_one_clear_warning(kiln_warnings,
+                                                                      monkeypatch):
+    monkeypatch.setenv("KILN_MODE", "sometimes")
+    model = SeedMLP(16, 32, 10)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(torch.compile(model, backend="kiln")(x), model(x))
+    (warning,) = [w for w in kiln_warnings if issubclass(w.category, kiln.KilnWarning)]
+    assert "KILN_MODE" in str(warning.message)
+
+
+def test_cache_entries_are_json_schedules(kiln_state):
+    kiln.configure(url=None)
+    train_mlp(steps=1)
+    files = sorted(kiln_state["cache_dir"].rglob("*.json"))
+    assert len(files) == 2
+    for f in files:
+        doc = json.loads(f.read_text())
+        compiler.Schedule.from_json(doc["schedule"])

@@ -1,0 +1,121 @@
+"""The HTTP client: answers validated, every failure a ServiceError with its cause,
+bounded time, retries for connection errors and 5xx only."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from kiln.client import ServiceClient, ServiceError
+from tests.kiln.fake_http import FakeServer, json_reply
+
+KEY = "ab" * 32
+SCHEDULE = {"format": "kiln.schedule/1", "kernels": []}
+
+
+def _client(url: str, **kw) -> ServiceClient:
+    kw.setdefault("connect_timeout", 1.0)
+    kw.setdefault("request_timeout", 1.0)
+    kw.setdefault("retries", 1)
+    return ServiceClient(url, token=kw.pop("token", None), **kw)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_submit_parses_tuned_and_pending_answers_and_sends_the_token():
+    answers = iter([json_reply(200, {"key": KEY, "status": "tuned", "schedule": SCHEDULE,
+                                     "job_id": 7}),
+                    json_reply(202, {"key": KEY, "status": "pending", "job_id": "j1",
+                                     "schedule": None})])
+    def handler(method, path, body):
+        return next(answers)
+
+    with FakeServer(handler) as srv:
+        client = _client(srv.url, token="secret")
+        tuned = client.submit({"g": 1}, {"t": 1}, KEY, tag="mlp")
+        pending = client.submit({"g": 1}, {"t": 1}, KEY)
+    assert tuned.status == "tuned" and tuned.schedule == SCHEDULE and tuned.job_id == "7"
+    assert pending.status == "pending" and pending.schedule is None and pending.job_id == "j1"
+    method, path, body, headers = srv.requests[0]
+    assert (method, path) == ("POST", "/v1/graphs")
+    assert body == {"graph": {"g": 1}, "target": {"t": 1}, "tag": "mlp"}
+    assert headers["Authorization"] == "Bearer secret"
+
+
+def test_schedule_404_is_unknown_and_job_is_parsed():
+    def handler(method, path, body):
+        if path.startswith("/v1/schedules/"):
+            return json_reply(404, {"error": {"code": "not_found", "message": "no"}})
+        return json_reply(200, {"id": "j", "key": KEY, "status": "failed", "error": "boom"})
+
+    with FakeServer(handler) as srv:
+        client = _client(srv.url)
+        assert client.schedule(KEY).status == "unknown"
+        job = client.job("j")
+    assert job.status == "failed" and job.error == "boom"
+
+
+@pytest.mark.parametrize(
+    ("reply", "cause"),
+    [
+        ((200, {}, b"<html>not json</html>"), "malformed"),
+        (json_reply(200, ["a", "list"]), "malformed"),
+        (json_reply(200, {"key": "cd" * 32, "status": "tuned", "schedule": SCHEDULE}),
+         "malformed"),
+        (json_reply(200, {"key": KEY, "status": "tuned"}), "malformed"),
+        (json_reply(200, {"key": KEY, "status": "weird", "schedule": SCHEDULE}), "malformed"),
+        (json_reply(418, {"error": {"code": "teapot", "message": "no"}}), "malformed"),
+        (json_reply(422, {"error": {"code": "bad_graph", "message": "node n3"}}), "rejected"),
+        (json_reply(401, {"error": {"code": "auth", "message": "token"}}), "auth"),
+        (json_reply(500, {"error": {"code": "boom", "message": "x"}}), "server_error"),
+        ((0, {}, b""), "unreachable"),  # connection closed without an answer
+    ],
+)
+def test_bad_answers_raise_service_error_with_their_cause(reply, cause):
+    with FakeServer(lambda m, p, b: reply) as srv:
+        with pytest.raises(ServiceError) as info:
+            _client(srv.url, retries=0).submit({}, {}, KEY)
+    assert info.value.cause == cause
+
+
+def test_connection_refused_is_unreachable_and_retried_within_the_deadline():
+    client = _client(f"http://127.0.0.1:{_free_port()}", retries=2)
+    start = time.monotonic()
+    with pytest.raises(ServiceError) as info:
+        client.schedule(KEY)
+    assert info.value.cause == "unreachable"
+    assert time.monotonic() - start < 3.0
+
+
+def test_5xx_is_retried_then_succeeds():
+    replies = iter([json_reply(503, {}), json_reply(200, {"key": KEY, "status": "heuristic",
+                                                          "schedule": SCHEDULE})])
+    with FakeServer(lambda m, p, b: next(replies)) as srv:
+        answer = _client(srv.url, retries=2).schedule(KEY)
+    assert answer.status == "heuristic" and len(srv.requests) == 2
+
+
+def test_a_hanging_server_times_out_without_hanging_the_client():
+    def handler(method, path, body):
+        time.sleep(3)
+        return json_reply(200, {})
+
+    with FakeServer(handler) as srv:
+        client = _client(srv.url, request_timeout=0.3, retries=2)
+        start = time.monotonic()
+        with pytest.raises(ServiceError) as info:
+            client.schedule(KEY)
+        elapsed = time.monotonic() - start
+    assert info.value.cause == "timeout"
+    assert elapsed < 1.5  # timeouts are not retried: no hang beyond the configured bound
+
+
+def test_url_must_be_http():
+    with pytest.raises(ValueError, match="http"):
+        ServiceClient("ftp://example.org")

@@ -1,0 +1,139 @@
+"""The HTTP API in-process (TestClient) on real PostgreSQL: submit, fetch, jobs, admin."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service import store
+from service.api.app import create_app
+from service.auth import create_token
+from service.context import ServiceContext
+from tests.service.helpers import gpu_target, wire_body
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+
+
+@pytest.fixture
+def client(pg_ctx: ServiceContext) -> Iterator[TestClient]:
+    with TestClient(create_app(ctx=pg_ctx)) as c:
+        yield c
+
+
+def _publish(ctx: ServiceContext, key: str, status: str = "heuristic") -> None:
+    with ctx.transaction() as session:
+        assert store.publish_schedule(session, key, status, {"format": "kiln.schedule/1",
+                                                             "kernels": []}, [], {})
+
+
+def test_submit_then_fetch_pending_heuristic_and_tuned(client: TestClient, pg_ctx: ServiceContext) -> None:
+    r = client.post("/v1/graphs", json=wire_body(tag="mlp"))
+    assert r.status_code == 202, r.text
+    body = r.json()
+    key, job_id = body["key"], body["job_id"]
+    assert body["status"] == "pending" and body["schedule"] is None and len(key) == 64
+    assert client.get(f"/v1/schedules/{key}").json() == {"key": key, "status": "pending",
+                                                          "job_id": job_id}
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "queued" and job["history"][0]["status"] == "queued"
+
+    _publish(pg_ctx, key)
+    r = client.get(f"/v1/schedules/{key}")
+    assert r.status_code == 200 and r.json()["status"] == "heuristic"
+    assert r.json()["schedule"]["status"] == "heuristic"
+    again = client.post("/v1/graphs", json=wire_body())
+    assert again.status_code == 202 and again.json()["schedule"]["status"] == "heuristic"
+
+    _publish(pg_ctx, key, "tuned")
+    tuned = client.post("/v1/graphs", json=wire_body())
+    assert tuned.status_code == 200 and tuned.json()["status"] == "tuned"
+
+
+def test_identical_concurrent_posts_make_one_job(client: TestClient, pg_ctx: ServiceContext) -> None:
+    body = wire_body("gpt_block.fwd")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: client.post("/v1/graphs", json=body), range(24)))
+    assert {a.status_code for a in answers} == {202}
+    assert len({a.json()["job_id"] for a in answers}) == 1
+    assert pg_ctx.queue.depth() == {"build": 1}
+
+
+def test_misses_are_classified_and_hits_counted(client: TestClient, pg_ctx: ServiceContext) -> None:
+    first = client.post("/v1/graphs", json=wire_body(target=gpu_target()))
+    client.post("/v1/graphs", json=wire_body(target=gpu_target("sm_80", "NVIDIA A100")))
+    _publish(pg_ctx, first.json()["key"])
+    for _ in range(3):
+        assert client.get(f"/v1/schedules/{first.json()['key']}").status_code == 200
+    client.app.state.hits.flush(pg_ctx)
+    stats = client.get("/v1/admin/stats", headers=ADMIN).json()
+    assert stats["misses_by_reason"]["unknown_graph"] == 1
+    assert stats["misses_by_reason"]["other_gpu"] == 1
+    assert stats["hits"] == 3 and stats["entries_by_status"]["heuristic"] == 1
+    assert stats["queue_depth"] == {"build": 2}
+    entries = client.get("/v1/admin/entries", headers=ADMIN,
+                         params={"status": "heuristic"}).json()
+    assert entries["total"] == 1 and entries["items"][0]["hits"] == 3
+
+
+def test_invalidate_and_retune(client: TestClient, pg_ctx: ServiceContext) -> None:
+    key = client.post("/v1/graphs", json=wire_body(target=gpu_target())).json()["key"]
+    _publish(pg_ctx, key)
+    r = client.post(f"/v1/admin/entries/{key}/invalidate", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["status"] == "invalidated"
+    gone = client.get(f"/v1/schedules/{key}")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "invalidated"
+    # Submitting the graph again builds it again.
+    assert client.post("/v1/graphs", json=wire_body(target=gpu_target())).json()["status"] == "pending"
+    _publish(pg_ctx, key)
+    r = client.post(f"/v1/admin/entries/{key}/retune", headers=ADMIN)
+    assert r.status_code == 202 and r.json()["stage"] == "tune" and r.json()["status"] == "queued"
+    assert pg_ctx.queue.depth()["tune:" + "cuda-sm_90-nvidia-h200"] == 1
+    detail = client.get(f"/v1/admin/entries/{key}", headers=ADMIN).json()
+    assert detail["op_summary"] and detail["jobs"][0]["history"][-1]["message"].startswith("re-tune")
+
+
+def test_admin_routes_need_an_admin_token(client: TestClient, pg_ctx: ServiceContext) -> None:
+    with pg_ctx.transaction() as session:
+        client_token = create_token(session, "client")
+    for method, path in [("GET", "/v1/admin/entries"), ("GET", "/v1/admin/stats"),
+                         ("GET", "/v1/admin/jobs"), ("POST", f"/v1/admin/entries/{'a' * 64}/retune")]:
+        assert client.request(method, path).status_code == 401
+        r = client.request(method, path, headers={"Authorization": f"Bearer {client_token}"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+        assert client.request(method, path, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/v1/admin/jobs", headers=ADMIN).status_code == 200
+    assert client.get("/v1/admin/jobs", cookies={"kiln_admin": "admin-secret"}).status_code == 200
+
+
+def test_off_loopback_every_endpoint_needs_a_token(pg_ctx: ServiceContext) -> None:
+    pg_ctx.settings = pg_ctx.settings.model_copy(update={"host": "0.0.0.0"})
+    with TestClient(create_app(ctx=pg_ctx)) as c:
+        r = c.get(f"/v1/schedules/{'a' * 64}")
+        assert r.status_code == 401 and "token" in r.json()["error"]["message"]
+        assert c.post("/v1/graphs", json=wire_body()).status_code == 401
+        with pg_ctx.transaction() as session:
+            token = create_token(session, "client")
+        assert c.post("/v1/graphs", json=wire_body(),
+                      headers={"Authorization": f"Bearer {token}"}).status_code == 202
+
+
+def test_rate_limit_per_token(pg_ctx: ServiceContext) -> None:
+    pg_ctx.settings = pg_ctx.settings.model_copy(update={"rate_limit_per_s": 1.0,
+                                                         "rate_limit_burst": 3})
+    with TestClient(create_app(ctx=pg_ctx)) as c:
+        codes = [c.get(f"/v1/schedules/{'b' * 64}").status_code for _ in range(5)]
+        assert codes[:3] == [404, 404, 404] and codes[3:] == [429, 429]
+        limited = c.get(f"/v1/schedules/{'b' * 64}")
+        assert limited.json()["error"]["code"] == "rate_limited" and limited.headers["retry-after"]
+        assert c.get("/v1/admin/jobs", headers=ADMIN).status_code == 200  # another identity
+
+
+def test_health_ready_metrics(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+    client.get(f"/v1/schedules/{'c' * 64}")
+    metrics = client.get("/metrics").text
+    assert 'kiln_http_requests_total{method="GET",route="/v1/schedules/{key}",status="404"}' in metrics

@@ -1,0 +1,86 @@
+"""Verification: wrong candidates are caught, right ones pass, in-place inputs and RNG restored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tuner.verify import Reference, mismatch
+
+
+def softmax_scale(x: torch.Tensor) -> tuple[torch.Tensor]:
+    return (torch.softmax(x * 0.125, -1),)
+
+
+def test_wrong_candidate_is_caught_right_one_passes() -> None:
+    ref = Reference.from_module(softmax_scale, [torch.randn(64, 128)])
+    assert ref.check(softmax_scale) is None
+    assert ref.check(lambda x: (torch.softmax(x * 0.15, -1),)) is not None  # wrong scale
+    assert ref.check(lambda x: (torch.softmax(x.roll(1, 0) * 0.125, -1),)) is not None
+
+
+def test_one_wrong_row_in_a_big_tensor_is_caught_in_bf16() -> None:
+    x = torch.randn(1024, 256, dtype=torch.bfloat16)
+    ref = Reference.from_module(lambda t: (t * 2,), [x])
+
+    def one_row_off(t: torch.Tensor) -> tuple[torch.Tensor]:
+        out = t * 2
+        out[17] = 0
+        return (out,)
+
+    assert ref.check(one_row_off) is not None
+
+
+@pytest.mark.parametrize(
+    "dtype, noise, ok",
+    [
+        (torch.float32, 1e-5, True),
+        (torch.float32, 1e-2, False),
+        (torch.bfloat16, 4e-3, True),  # bf16 rounding
+        (torch.bfloat16, 1e-1, False),
+    ],
+)
+def test_tolerance_depends_on_dtype(dtype: torch.dtype, noise: float, ok: bool) -> None:
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(256, 256, generator=g).to(dtype)
+    out = (ref.double() * (1 + noise * torch.randn(256, 256, generator=g, dtype=torch.float64))).to(
+        dtype
+    )
+    assert (mismatch(out, ref) is None) is ok
+
+
+def test_integer_outputs_must_match_exactly_and_nan_must_agree() -> None:
+    a = torch.arange(10)
+    b = a.clone()
+    b[3] = 4
+    assert mismatch(a, a.clone()) is None
+    assert mismatch(b, a) is not None
+    f = torch.tensor([1.0, float("nan"), float("inf")])
+    assert mismatch(f.clone(), f) is None
+    assert mismatch(torch.tensor([1.0, 2.0, float("inf")]), f) is not None
+    assert mismatch(torch.tensor([1.0, float("nan"), -float("inf")]), f) is not None
+    assert mismatch(torch.zeros(3), torch.zeros(4)) is not None
+    assert mismatch(torch.zeros(3, dtype=torch.float64), torch.zeros(3)) is not None
+
+
+def test_inputs_mutated_in_place_are_restored_between_runs() -> None:
+    def add_into(buf: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor]:
+        buf.add_(x)  # the graph mutates its input (an optimizer-style update)
+        return (buf * 1,)
+
+    ref = Reference.from_module(add_into, [torch.ones(8), torch.full((8,), 2.0)])
+    # Each check starts from the pristine buffer, so running twice still matches.
+    assert ref.check(add_into) is None
+    assert ref.check(add_into) is None
+    # A candidate that forgets the in-place update returns the right value but leaves the input.
+    assert "in-place" in ref.check(lambda buf, x: (buf + x,))
+
+
+def test_random_ops_see_the_same_rng_state() -> None:
+    def dropout(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.nn.functional.dropout(x, 0.5, training=True),)
+
+    ref = Reference.from_module(dropout, [torch.randn(512)], seed=3)
+    torch.manual_seed(99)  # anything in between must not matter
+    assert ref.check(dropout) is None
+    assert ref.check(dropout) is None

@@ -1,0 +1,237 @@
+"""`tuner.tune(graph, target, budget) -> TuningResult`: the heuristic schedule, made fastest.
+
+Steps: heuristic schedule -> child runner loads the graph (reference outputs on seeded
+inputs) -> eager and heuristic whole-graph times -> per kernel: pruned space, search within
+its share of the budget -> winners written into the schedule -> the tuned schedule built,
+verified and timed as a whole. Kernels are separate launches, so each is tuned on its own
+with the others at their heuristic configs.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.records import Candidate, Measurement
+from tuner.runner import DEFAULT_TIMEOUT_S, Runner
+from tuner.search import Budget, BudgetClock, KernelSearch
+from tuner.space import candidates
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+# A tuned whole graph this much slower than the heuristic one falls back to the heuristic.
+REGRESSION_MARGIN = 0.05
+
+
+@dataclass
+class KernelResult:
+    """One kernel's search: baseline, winner, how much of the space was seen."""
+
+    name: str
+    kind: str
+    heuristic: Candidate
+    winner: Candidate
+    heuristic_ms: float | None
+    tuned_ms: float | None
+    strategy: str
+    space: int
+    pruned: int
+    trials: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "heuristic": self.heuristic.to_json(),
+            "winner": self.winner.to_json(),
+            "heuristic_ms": self.heuristic_ms,
+            "tuned_ms": self.tuned_ms,
+            "strategy": self.strategy,
+            "space": self.space,
+            "pruned": self.pruned,
+            "trials": self.trials,
+        }
+
+
+@dataclass
+class TuningResult:
+    """The tuned schedule and everything measured on the way (docs/contracts.md)."""
+
+    schedule: Any  # compiler.Schedule, status "tuned"
+    measurements: list[dict[str, Any]]
+    eager_ms: float | None
+    heuristic_ms: float | None
+    best_ms: float | None
+    trials: int
+    seconds: float
+    kernels: list[KernelResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schedule": self.schedule.to_json(),
+            "measurements": self.measurements,
+            "eager_ms": self.eager_ms,
+            "heuristic_ms": self.heuristic_ms,
+            "best_ms": self.best_ms,
+            "trials": self.trials,
+            "seconds": self.seconds,
+            "kernels": [k.to_json() for k in self.kernels],
+            "errors": self.errors,
+        }
+
+
+def default_device(target: Any) -> str:
+    """Where to time for a target: its CUDA device when the target is a GPU, else the CPU."""
+    return "cuda" if getattr(target, "device_type", "cpu") == "cuda" else "cpu"
+
+
+def _split(total: int | float | None, parts: int) -> int | float | None:
+    if total is None:
+        return None
+    return total / max(1, parts) if isinstance(total, float) else max(1, total // max(1, parts))
+
+
+def tune(
+    graph: Any,
+    target: Any,
+    budget: Budget | int | None = None,
+    *,
+    device: str | None = None,
+    seed: int = 0,
+    strategy: str = "auto",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    runner: Runner | None = None,
+    progress: Progress | None = None,
+) -> TuningResult:
+    """Tune every kernel of `graph` for `target` within `budget`; the tuned schedule and the record.
+
+    `graph` is a `compiler.Graph` or a kiln.graph/1 dict; `budget` a `Budget` or a trial
+    count. Candidates are timed on `device` (default: CUDA for a GPU target, else the CPU
+    with the Triton interpreter) in a spawned child; pass `runner` to reuse one.
+    Every measured candidate, failed ones included, is in `measurements`.
+    """
+    import compiler
+
+    started = time.monotonic()
+    budget = Budget.of(budget)
+    if not isinstance(graph, compiler.Graph):
+        graph = compiler.from_wire(graph)
+    graph_json = graph.to_json()
+    base = compiler.heuristic_schedule(graph, target).to_json()
+    own_runner = runner is None
+    runner = runner or Runner(device or default_device(target), timeout_s=timeout_s)
+    try:
+        return _tune_loaded(
+            graph_json, target, base, budget, runner, seed, strategy, progress, started
+        )
+    finally:
+        if own_runner:
+            runner.close()
+
+
+def _tune_loaded(
+    graph_json: dict[str, Any],
+    target: Any,
+    base: dict[str, Any],
+    budget: Budget,
+    runner: Runner,
+    seed: int,
+    strategy: str,
+    progress: Progress | None,
+    started: float,
+) -> TuningResult:
+    import compiler
+
+    runner.load(graph_json, base, seed)
+    errors: list[str] = []
+    eager = runner.time_graph(None)
+    heuristic = runner.time_graph(base)
+    for label, reply in (("eager", eager), ("heuristic", heuristic)):
+        if reply.get("error"):
+            errors.append(f"{label}: {reply['error']}")
+    clock = BudgetClock(budget)
+    tuned = copy.deepcopy(base)
+    measurements: list[Measurement] = []
+    kernel_results: list[KernelResult] = []
+    kernels = tuned["kernels"]
+    for i, kernel in enumerate(kernels):
+        if progress:
+            progress(i, len(kernels), kernel["name"])
+        space, dropped = candidates(kernel, target)
+        start = Candidate.make(
+            kernel["name"],
+            kernel["variant"],
+            {} if kernel["variant"] == "aten" else kernel["config"],
+        )
+        if {c.variant for c in space} >= {"aten", "triton"}:
+            # An ATen matmul is no Triton launch to time alone: compare its variants on the
+            # whole graph, where both run (the other kernels are fixed, so only it moves).
+            runner.scopes[kernel["name"]] = "graph"
+        left = len(kernels) - i
+        seconds_left = None if budget.seconds is None else budget.seconds - clock.elapsed()
+        search = KernelSearch(
+            space,
+            start,
+            runner,
+            clock,
+            share=_split(clock.trials_left(), left),
+            seconds=_split(float(seconds_left), left) if seconds_left is not None else None,
+        )
+        winner = search.run(strategy)
+        measurements.extend(search.measurements)
+        chosen = winner.candidate if winner is not None else start
+        if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
+            kernel["variant"] = chosen.variant
+            if chosen.variant != "aten":
+                kernel["config"] = chosen.config
+            kernel["source_hash"] = winner.extra.get("source_hash") if winner else None
+        base_ms = next((m.ms for m in search.measurements if m.candidate == start and m.ok), None)
+        kernel_results.append(
+            KernelResult(
+                name=kernel["name"],
+                kind=kernel["kind"],
+                heuristic=start,
+                winner=chosen,
+                heuristic_ms=base_ms,
+                tuned_ms=winner.ms if winner is not None else None,
+                strategy=getattr(search, "strategy", strategy),
+                space=len(space),
+                pruned=len(dropped),
+                trials=search.spent,
+            )
+        )
+    if progress:
+        progress(len(kernels), len(kernels), "")
+    tuned["status"] = "tuned"
+    final = runner.time_graph(tuned)
+    if final.get("error") or final.get("ms") is None:
+        errors.append(f"tuned schedule: {final.get('error')}; keeping the heuristic configs")
+        final = heuristic
+        tuned = copy.deepcopy(base)
+    elif heuristic.get("ms") and final["ms"] > heuristic["ms"] * (1 + REGRESSION_MARGIN):
+        # Kernels won in isolation but the whole graph got slower: trust the whole graph.
+        errors.append(
+            f"tuned graph {final['ms']:.4g} ms slower than heuristic {heuristic['ms']:.4g} ms; "
+            "keeping the heuristic configs"
+        )
+        final = heuristic
+        tuned = copy.deepcopy(base)
+    schedule_json = copy.deepcopy(final.get("schedule") or tuned)
+    schedule_json["status"] = "tuned"
+    return TuningResult(
+        schedule=compiler.Schedule.from_json(schedule_json),
+        measurements=[m.to_json() for m in measurements],
+        eager_ms=eager.get("ms"),
+        heuristic_ms=heuristic.get("ms"),
+        best_ms=final.get("ms"),
+        trials=clock.used,
+        seconds=time.monotonic() - started,
+        kernels=kernel_results,
+        errors=errors,
+    )

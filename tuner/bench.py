@@ -1,0 +1,465 @@
+"""`python -m tuner.bench`: the BENCH.md suite, eager vs Inductor vs kiln, one table last.
+
+Per case and path: correctness against eager first (a wrong path gets no time), then the
+median ms (do_bench, L2 flushed), the time from a cold start to the first compiled call,
+and for kiln the tuning time and trials. Copy bandwidth and the bf16 matmul rate are
+measured in the same run and give the roofline. `--device cpu` runs the cases at small
+shapes on the Triton interpreter: correctness only, never speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("tuner.bench")
+
+PATHS = ("eager", "inductor", "inductor_max_autotune", "kiln_heuristic", "kiln_tuned")
+
+
+def _cold_caches() -> None:
+    """Point every compile cache at a fresh folder so first calls are cold (unless set)."""
+    root = tempfile.mkdtemp(prefix="kiln-bench-")
+    for var, sub in (
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("TRITON_CACHE_DIR", "triton"),
+        ("KILN_KERNEL_DIR", "kiln"),
+    ):
+        os.environ.setdefault(var, os.path.join(root, sub))
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _flat(out: Any) -> list[Any]:
+    import torch
+
+    leaves, _ = torch.utils._pytree.tree_flatten(out)
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _step(fn: Callable[..., Any], case: Any) -> list[Any]:
+    """One call of the case through `fn`; a training case also runs backward (ones grads)."""
+    import torch
+
+    if not case.training:
+        with torch.no_grad():
+            return _flat(fn(*case.inputs))
+    params = list(case.module.parameters())
+    leaves = [*case.inputs, *params]
+    for t in leaves:
+        t.grad = None
+    out = fn(*case.inputs)
+    out.backward(torch.ones_like(out))
+    return [out.detach(), *[t.grad for t in leaves if t.requires_grad]]
+
+
+def _check_against(outputs: list[Any], reference: list[Any]) -> str | None:
+    from tuner.verify import check_outputs
+
+    return check_outputs(outputs, reference)
+
+
+def _compiled_path(case: Any, mode: str | None, device: str, reference: list[Any]) -> dict:
+    """torch.compile (Inductor) path: cold first call, correctness, steady-state time."""
+    import torch
+
+    from tuner.timing import time_fn
+
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    compiled = torch.compile(case.module, mode=mode) if mode else torch.compile(case.module)
+    out = _step(compiled, case)
+    _sync(device)
+    first = time.perf_counter() - start
+    error = _check_against(out, reference)
+    if error:
+        return {"ms": None, "first_call_s": first, "error": f"wrong_answer: {error}"}
+    timing = time_fn(lambda: _step(compiled, case), device)
+    return {
+        "ms": timing.median_ms,
+        "noise_ms": timing.noise_ms,
+        "first_call_s": first,
+        "error": None,
+    }
+
+
+def _trace(case: Any) -> list[tuple[Any, list[Any], Any]]:
+    """The case's aten graphs as (compiler.Graph, inputs, aten GraphModule)."""
+    import compiler
+    from compiler.tracing import trace_inference, trace_training
+
+    if case.training:
+        fwd, bwd, fwd_in, bwd_in = trace_training(case.module, case.inputs)
+        pairs = [(fwd, fwd_in), (bwd, bwd_in)]
+    else:
+        gm, ins = trace_inference(case.module, case.inputs)
+        pairs = [(gm, ins)]
+    return [(compiler.from_wire(compiler.to_wire(gm, ins)), list(ins), gm) for gm, ins in pairs]
+
+
+def _kiln_path(
+    case: Any, device: str, schedules: list[Any] | None, target: Any
+) -> tuple[dict, list[tuple[Any, list[Any], Any]]]:
+    """Trace, build (heuristic, or the given schedules), verify per graph, time the sum."""
+    import compiler
+    from tuner.timing import time_fn
+    from tuner.verify import Reference
+
+    start = time.perf_counter()
+    graphs = _trace(case)
+    builts = []
+    for i, (graph, ins, _) in enumerate(graphs):
+        sched = schedules[i] if schedules else compiler.heuristic_schedule(graph, target)
+        built = compiler.build(graph, sched)
+        built(*ins)
+        builts.append(built)
+    _sync(device)
+    first = time.perf_counter() - start
+    total, noise = 0.0, 0.0
+    for (_graph, ins, gm), built in zip(graphs, builts, strict=True):
+        ref = Reference.from_module(gm, ins)
+        error = ref.check(built)
+        if error:
+            return {"ms": None, "first_call_s": first, "error": f"wrong_answer: {error}"}, graphs
+        timing = time_fn(lambda b=built, x=ins: b(*x), device)
+        total += timing.median_ms
+        noise += timing.noise_ms
+    info = {
+        "ms": total,
+        "noise_ms": noise,
+        "first_call_s": first,
+        "error": None,
+        "kernels": sum(len(b.kernels) for b in builts),
+        "fallback_ops": sorted({op for b in builts for op in b.fallback_ops}),
+    }
+    return info, graphs
+
+
+def _tune_graphs(graphs: list, target: Any, runner: Any, budget: Any, strategy: str) -> dict:
+    from tuner.api import tune
+
+    schedules, kernels, trials, seconds, errors = [], [], 0, 0.0, []
+    for graph, _ins, _gm in graphs:
+        result = tune(graph, target, budget, runner=runner, strategy=strategy)
+        schedules.append(result.schedule)
+        kernels.extend(k.to_json() for k in result.kernels)
+        trials += result.trials
+        seconds += result.seconds
+        errors.extend(result.errors)
+        failed = [m for m in result.measurements if m["error"]]
+        log.info(
+            "tuned a graph: %d trials (%d failed) in %.1f s",
+            result.trials,
+            len(failed),
+            result.seconds,
+        )
+    return {
+        "schedules": schedules,
+        "kernels": kernels,
+        "trials": trials,
+        "tuning_s": seconds,
+        "tune_errors": errors,
+    }
+
+
+def run_case(
+    name: str, args: argparse.Namespace, ceilings: dict[str, float], target: Any, runner: Any
+) -> dict:
+    """All paths of one case; every failure is recorded in the row, never raised."""
+    import torch
+
+    from tuner.cases import make_case, roofline_ms
+    from tuner.search import Budget
+    from tuner.timing import time_fn
+
+    device, small = args.device, args.device == "cpu"
+    case = make_case(name, device, small=small)
+    row: dict[str, Any] = {"case": name, "kind": case.kind, "errors": {}}
+    start = time.perf_counter()
+    reference = _step(case.module, case)
+    _sync(device)
+    row["eager_first_call_s"] = time.perf_counter() - start
+    row["eager_ms"] = time_fn(lambda: _step(case.module, case), device).median_ms
+    row["eager_repeat_ms"] = time_fn(lambda: _step(case.module, case), device).median_ms
+
+    modes = []
+    if not small:
+        modes.append(("inductor", None))
+        if not args.skip_max_autotune and name not in args.skip_max_autotune_for:
+            modes.append(("inductor_max_autotune", "max-autotune-no-cudagraphs"))
+    for key, mode in modes:
+        try:
+            got = _compiled_path(case, mode, device, reference)
+        except Exception as exc:  # a path that fails is a row entry, not a dead bench
+            got = {"ms": None, "first_call_s": None, "error": f"{type(exc).__name__}: {exc}"[:400]}
+        row[f"{key}_ms"], row[f"{key}_first_call_s"] = got["ms"], got["first_call_s"]
+        if got["error"]:
+            row["errors"][key] = got["error"]
+        torch._dynamo.reset()
+    for key in ("inductor", "inductor_max_autotune"):
+        row.setdefault(f"{key}_ms", None)
+
+    graphs = None
+    try:
+        info, graphs = _kiln_path(case, device, None, target)
+        row["kiln_heuristic_ms"], row["kiln_heuristic_first_call_s"] = (
+            info["ms"],
+            info["first_call_s"],
+        )
+        row["kiln_kernels"], row["kiln_fallback_ops"] = (
+            info.get("kernels"),
+            info.get("fallback_ops"),
+        )
+        if info["error"]:
+            row["errors"]["kiln_heuristic"] = info["error"]
+    except Exception as exc:
+        row["kiln_heuristic_ms"] = None
+        row["errors"]["kiln_heuristic"] = f"{type(exc).__name__}: {exc}"[:400]
+    row["kiln_tuned_ms"], row["tuning_s"], row["trials"] = None, None, None
+    if graphs is not None and not args.skip_tuning:
+        seconds = args.tune_seconds * (2.2 if name.startswith("gpt_block") else 1.0)
+        budget = Budget(trials=args.tune_trials, seconds=seconds / len(graphs))
+        try:
+            tuned = _tune_graphs(graphs, target, runner, budget, args.strategy)
+            row.update(tuning_s=tuned["tuning_s"], trials=tuned["trials"], kernels=tuned["kernels"])
+            if tuned["tune_errors"]:
+                row["errors"]["tuning"] = "; ".join(tuned["tune_errors"])[:800]
+            info, _ = _kiln_path(case, device, tuned["schedules"], target)
+            row["kiln_tuned_ms"], row["kiln_tuned_first_call_s"] = info["ms"], info["first_call_s"]
+            if info["error"]:
+                row["errors"]["kiln_tuned"] = info["error"]
+        except Exception as exc:
+            row["errors"]["kiln_tuned"] = f"{type(exc).__name__}: {exc}"[:400]
+    roof = (
+        roofline_ms(case, ceilings["copy_bytes_per_s"], ceilings["matmul_flops_per_s"])
+        if ceilings
+        else None
+    )
+    row["roofline_ms"] = roof
+    best_kiln = row["kiln_tuned_ms"] or row["kiln_heuristic_ms"]
+    row["roofline_fraction"] = roof / best_kiln if roof and best_kiln else None
+    if not row["errors"]:
+        del row["errors"]
+    return row
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The one table printed last: times, roofline fraction, speedups, tuning cost."""
+    from tuner.report import fmt_ms, fmt_ratio, geomean, ratio, table
+
+    headers = [
+        "case",
+        "eager",
+        "inductor",
+        "ind-m-a",
+        "kiln-heur",
+        "kiln-tuned",
+        "roof%",
+        "x eager",
+        "x ind",
+        "x ind-m-a",
+        "tune s",
+        "trials",
+    ]
+    body, vs_eager, vs_ind, vs_ma = [], [], [], []
+    for r in rows:
+        tuned = r.get("kiln_tuned_ms")
+        e, i, m = (
+            ratio(r.get(k), tuned) for k in ("eager_ms", "inductor_ms", "inductor_max_autotune_ms")
+        )
+        vs_eager.append(e)
+        vs_ind.append(i)
+        vs_ma.append(m)
+        frac = r.get("roofline_fraction")
+        body.append(
+            [
+                r["case"],
+                fmt_ms(r.get("eager_ms")),
+                fmt_ms(r.get("inductor_ms")),
+                fmt_ms(r.get("inductor_max_autotune_ms")),
+                fmt_ms(r.get("kiln_heuristic_ms")),
+                fmt_ms(tuned),
+                "-" if frac is None else f"{100 * frac:.0f}%",
+                fmt_ratio(e),
+                fmt_ratio(i),
+                fmt_ratio(m),
+                "-" if r.get("tuning_s") is None else f"{r['tuning_s']:.1f}",
+                "-" if r.get("trials") is None else str(r["trials"]),
+            ]
+        )
+    body.append(
+        [
+            "geomean",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            fmt_ratio(geomean(vs_eager)),
+            fmt_ratio(geomean(vs_ind)),
+            fmt_ratio(geomean(vs_ma)),
+            "",
+            "",
+        ]
+    )
+    return table(headers, body)
+
+
+def first_call_table(rows: list[dict]) -> str:
+    from tuner.report import table
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    return table(
+        ["case", "inductor s", "ind-m-a s", "kiln heur s", "kiln tuned s"],
+        [
+            [
+                r["case"],
+                s(r.get("inductor_first_call_s")),
+                s(r.get("inductor_max_autotune_first_call_s")),
+                s(r.get("kiln_heuristic_first_call_s")),
+                s(r.get("kiln_tuned_first_call_s")),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from tuner.cases import CASE_NAMES
+
+    p = argparse.ArgumentParser(prog="python -m tuner.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default=",".join(CASE_NAMES), help="comma-separated subset")
+    p.add_argument(
+        "--device", default="cuda", help="cuda (the suite) or cpu (interpreter, correctness)"
+    )
+    p.add_argument(
+        "--skip-max-autotune", action="store_true", help="leave out max-autotune-no-cudagraphs"
+    )
+    p.add_argument("--skip-max-autotune-for", default="", help="cases to run without max-autotune")
+    p.add_argument("--skip-tuning", action="store_true", help="kiln heuristic only")
+    p.add_argument(
+        "--tune-seconds", type=float, default=20.0, help="tuning budget per case (GPT cases x2.2)"
+    )
+    p.add_argument("--tune-trials", type=int, default=None, help="trial budget per graph")
+    p.add_argument("--strategy", default="auto", help="auto | exhaustive | coordinate | halving")
+    p.add_argument(
+        "--out", default=None, help="JSON output path (default bench/results/<device>.json)"
+    )
+    args = p.parse_args(argv)
+    args.cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in args.cases if c not in CASE_NAMES]
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASE_NAMES)}")
+    args.skip_max_autotune_for = {c for c in args.skip_max_autotune_for.split(",") if c}
+    if args.device == "cpu" and args.tune_trials is None:
+        args.tune_trials = 3
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; print progress to stderr and the table last to stdout; write JSON."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+    )
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    _cold_caches()
+    import torch
+    import triton
+
+    import compiler
+    from tuner.timing import copy_bandwidth, matmul_rate
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device: run with --device cpu for the interpreter check", file=sys.stderr)
+        return 2
+    target = compiler.Target.detect(args.device)
+    ceilings: dict[str, float] = {}
+    if args.device.startswith("cuda"):
+        ceilings = {
+            "copy_bytes_per_s": copy_bandwidth(args.device),
+            "matmul_flops_per_s": matmul_rate(args.device),
+        }
+        log.info(
+            "ceilings: copy %.2f TB/s, bf16 matmul %.0f TFLOP/s",
+            ceilings["copy_bytes_per_s"] / 1e12,
+            ceilings["matmul_flops_per_s"] / 1e12,
+        )
+    from tuner.runner import Runner
+
+    # One runner child and one compile pool for the whole suite: they start once.
+    runner = Runner(args.device)
+    rows = []
+    for name in args.cases:
+        log.info("case %s ...", name)
+        started = time.perf_counter()
+        try:
+            row = run_case(name, args, ceilings, target, runner)
+        except Exception as exc:
+            log.exception("case %s failed", name)
+            row = {"case": name, "errors": {"case": f"{type(exc).__name__}: {exc}"[:400]}}
+        row["wall_s"] = time.perf_counter() - started
+        rows.append(row)
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        log.info(
+            "case %s done in %.1f s: %s",
+            name,
+            row["wall_s"],
+            {
+                k: row.get(k)
+                for k in (
+                    "eager_ms",
+                    "inductor_ms",
+                    "inductor_max_autotune_ms",
+                    "kiln_heuristic_ms",
+                    "kiln_tuned_ms",
+                )
+            },
+        )
+    device_name = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else platform.processor() or "cpu"
+    )
+    result = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "command": "python -m tuner.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "ceilings": ceilings,
+        "target": target.to_json(),
+        "cases": rows,
+    }
+    out = args.out or os.path.join("bench", "results", f"{args.device.split(':')[0]}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(result, fh, indent=1, default=str)
+    print(first_call_table(rows))
+    print()
+    print(summary_table(rows))
+    print(f"\nJSON: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The runner: a long-lived spawned child per device that builds, verifies and times candidates.
+
+As in Inductor's autotune_process, the child is spawned (never forked: CUDA may already be
+initialised here), requests carry JSON (graph, schedule, candidate), never tensors or
+pickles, and each candidate has its own timeout. A child that crashes, hangs past the
+timeout or hits a CUDA fault is killed and respawned (the graph reloaded); the candidate
+gets a measurement with the reason, and the tuner carries on.
+
+On a CPU device the child runs kernels in the Triton interpreter, so the whole path is
+testable without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tuner import records
+from tuner.builder import Builder
+from tuner.records import Candidate, Measurement
+
+log = logging.getLogger(__name__)
+
+# Loading computes the reference (and, the first time, imports torch in the child).
+LOAD_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = 120.0
+
+FaultHook = Callable[[dict[str, Any]], None]
+
+
+def _child_main(conn: Connection, device: str, fault_hook: FaultHook | None) -> None:
+    """Serve requests until told to stop; any uncaught problem ends the process (parent respawns)."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    from tuner.session import CudaFault, TrialSession, describe_exception
+
+    session = TrialSession(device)
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
+    while True:
+        try:
+            raw = conn.recv_bytes()
+        except EOFError:
+            return
+        request = json.loads(raw)
+        verb = request.get("verb")
+        try:
+            if verb == "stop":
+                return
+            if verb == "load":
+                reply = session.load(request["graph"], request["schedule"], request["seed"])
+            elif verb == "measure":
+                if fault_hook is not None:
+                    fault_hook(request["candidate"])
+                reply = session.measure(request["candidate"], request["fidelity"], request["scope"])
+            elif verb == "time_graph":
+                reply = session.time_graph(request["schedule"], request["fidelity"])
+            else:
+                reply = {"error": f"{records.RUN_ERROR}: unknown request {verb!r}"}
+        except CudaFault as exc:
+            # The CUDA context may be poisoned: answer, then exit so the parent respawns us.
+            conn.send_bytes(json.dumps({"error": str(exc), "restart": True}).encode())
+            return
+        except Exception as exc:
+            reply = {"error": f"{records.RUN_ERROR}: {describe_exception(exc)[:500]}"}
+        conn.send_bytes(json.dumps(reply).encode())
+
+
+class ChildDied(RuntimeError):
+    """The child ended or hung during a request; `reason` is `crash` or `timeout`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class Runner:
+    """Times candidates of one graph on one device in a spawned child process.
+
+    `fault_hook` is for tests only: a picklable function the child calls with each
+    candidate before measuring it (to inject a crash). It is fixed when the child starts,
+    so nothing a request carries can reach it.
+    """
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        fault_hook: FaultHook | None = None,
+        compile_workers: int | None = None,
+    ) -> None:
+        self.device = device
+        self.builder = Builder(device, compile_workers)
+        self.timeout_s = timeout_s
+        self._fault_hook = fault_hook
+        self._proc: mp.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._loaded: dict[str, Any] | None = None
+        self.restarts = 0
+        self.scopes: dict[str, str] = {}  # kernel -> "kernel" | "graph" timing scope
+
+    # -- process management -----------------------------------------------------------------
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_child_main, args=(child, self.device, self._fault_hook), daemon=True
+        )
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        if self._loaded is not None:
+            reply = self._call(self._loaded, LOAD_TIMEOUT_S)
+            if reply.get("error"):
+                raise RuntimeError(f"reloading the graph in a new child failed: {reply['error']}")
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+        if self._proc is not None:
+            self._proc.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def close(self) -> None:
+        """Stop the child (politely, then firmly) and the compile workers."""
+        self.builder.close()
+        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send_bytes(json.dumps({"verb": "stop"}).encode())
+                self._proc.join(timeout=5)
+            except (OSError, BrokenPipeError):
+                pass
+        self._kill()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait; a dead or hung child raises ChildDied (and is cleaned up)."""
+        if self._proc is None:
+            self._start()
+        assert self._conn is not None and self._proc is not None
+        try:
+            self._conn.send_bytes(json.dumps(request).encode())
+            if not self._conn.poll(timeout):
+                self._kill()
+                raise ChildDied(records.TIMEOUT, f"no answer within {timeout:g} s; child killed")
+            reply = json.loads(self._conn.recv_bytes())
+        except (EOFError, OSError, BrokenPipeError) as exc:
+            code = self._proc.exitcode if self._proc is not None else None
+            if self._proc is not None:
+                self._proc.join(timeout=5)
+                code = self._proc.exitcode
+            self._kill()
+            raise ChildDied(records.CRASH, f"child process died (exit code {code})") from exc
+        if reply.get("restart"):
+            self._kill()
+            self.restarts += 1
+        return reply
+
+    # -- requests ---------------------------------------------------------------------------
+    def load(
+        self, graph_json: dict[str, Any], schedule_json: dict[str, Any], seed: int = 0
+    ) -> None:
+        """Send the graph and its base schedule; the child computes the reference outputs."""
+        self._loaded = {
+            "verb": "load",
+            "graph": graph_json,
+            "schedule": schedule_json,
+            "seed": seed,
+        }
+        if self._proc is not None:
+            reply = self._call(self._loaded, LOAD_TIMEOUT_S)
+        else:
+            self._start()
+            reply = {}
+        if reply.get("error"):
+            raise RuntimeError(f"loading the graph failed: {reply['error']}")
+
+    def prepare(self, candidates: list[Candidate]) -> None:
+        """Compile a batch in parallel ahead of measuring it (no-op without compile workers)."""
+        self.builder.prepare(candidates)
+
+    def measure(self, candidates: list[Candidate], fidelity: float = 1.0) -> list[Measurement]:
+        """Measure each candidate (one request each, each with the timeout); never raises."""
+        out = []
+        for cand in candidates:
+            verdict = self.builder.verdicts.get(cand)
+            if verdict is not None:  # the compile workers already know it cannot build
+                out.append(Measurement(cand, error=verdict))
+                continue
+            request = {
+                "verb": "measure",
+                "candidate": cand.to_json(),
+                "fidelity": fidelity,
+                "scope": self.scopes.get(cand.kernel, "kernel"),
+            }
+            started = time.monotonic()
+            try:
+                reply = self._call(request, self.timeout_s)
+            except ChildDied as died:
+                self.restarts += 1
+                log.warning("candidate %s: %s", cand.label(), died)
+                out.append(Measurement(cand, error=str(died)))
+                continue
+            m = Measurement(
+                cand,
+                ms=reply.get("ms"),
+                error=reply.get("error"),
+                verified=bool(reply.get("verified")),
+                noise=float(reply.get("noise") or 0.0),
+            )
+            m.extra["seconds"] = time.monotonic() - started
+            for key in ("scope", "source_hash"):
+                if reply.get(key) is not None:
+                    m.extra[key] = reply[key]
+            out.append(m)
+        return out
+
+    def time_graph(self, schedule_json: dict[str, Any] | None, fidelity: float = 1.0) -> dict:
+        """Whole-graph time of a schedule (None: eager); `{"ms", "error"}`, never raises."""
+        try:
+            return self._call(
+                {"verb": "time_graph", "schedule": schedule_json, "fidelity": fidelity},
+                max(self.timeout_s, 300.0),
+            )
+        except ChildDied as died:
+            self.restarts += 1
+            return {"ms": None, "error": str(died)}

@@ -1,0 +1,180 @@
+"""Verification: a candidate's outputs against the rebuilt aten graph's, before its time counts.
+
+The reference is `graph.to_fx()` run on `compiler.random_inputs(graph, seed)` (index inputs
+drawn inside their valid ranges). Inputs are restored from pristine copies before every run,
+so in-place ops and aliased outputs see the same starting values each time; the RNG state is
+saved once and restored before every run, so random ops (dropout, run as ATen calls) draw
+the same numbers for the reference and for every candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Per dtype: relative error of the whole tensor (||out - ref|| / ||ref||), and an element
+# bound |out - ref| <= rtol * |ref| + atol * max|ref| that catches a few wrong elements the
+# norm would average away. fp32 allows tf32 dots (Triton's default for fp32 tl.dot).
+TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
+    torch.float64: (1e-7, 1e-6, 1e-7),
+    torch.float32: (2e-3, 2e-2, 2e-3),
+    torch.float16: (5e-3, 2e-2, 5e-3),
+    torch.bfloat16: (2e-2, 6e-2, 2e-2),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float, float]:
+    """(norm, rtol, atol-fraction) for a floating dtype; exact (zeros) for the others."""
+    return TOLERANCES.get(dtype, (0.0, 0.0, 0.0))
+
+
+def mismatch(out: Any, ref: Any, where: str = "output") -> str | None:
+    """Why `out` does not match `ref` (dtype-aware), or None when it does."""
+    if ref is None or out is None:
+        return (
+            None
+            if out is ref
+            else f"{where}: expected {type(ref).__name__}, got {type(out).__name__}"
+        )
+    if not isinstance(ref, torch.Tensor):
+        return None if out == ref else f"{where}: expected {ref!r}, got {out!r}"
+    if not isinstance(out, torch.Tensor):
+        return f"{where}: expected a tensor, got {type(out).__name__}"
+    if tuple(out.shape) != tuple(ref.shape):
+        return f"{where}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    if out.dtype != ref.dtype:
+        return f"{where}: dtype {out.dtype} != {ref.dtype}"
+    if out.numel() == 0:
+        return None
+    # Compared where the reference lives: on a GPU that is far faster than a host copy.
+    r = ref.detach()
+    o = out.detach().to(r.device)
+    if not (r.is_floating_point() or r.is_complex()):
+        bad = int((o != r).sum())
+        return None if bad == 0 else f"{where}: {bad} of {r.numel()} elements differ (exact dtype)"
+    o64, r64 = o.double(), r.double()
+    nan_ref, nan_out = torch.isnan(r64), torch.isnan(o64)
+    if not torch.equal(nan_ref, nan_out):
+        return f"{where}: NaN in {int((nan_ref ^ nan_out).sum())} elements where the reference has none (or the reverse)"
+    finite = torch.isfinite(r64)
+    if not torch.equal(o64[~finite & ~nan_ref], r64[~finite & ~nan_ref]):
+        return f"{where}: infinities differ from the reference"
+    o64, r64 = o64[finite], r64[finite]
+    if r64.numel() == 0:
+        return None
+    norm_tol, rtol, atol_frac = tolerance(r.dtype)
+    diff = (o64 - r64).abs()
+    ref_norm = float(r64.norm())
+    rel = float(diff.norm()) / max(ref_norm, 1e-30)
+    if rel > norm_tol and float(diff.max()) > 0:
+        return f"{where}: relative error {rel:.3g} exceeds {norm_tol:g} for {r.dtype}"
+    bound = rtol * r64.abs() + atol_frac * float(r64.abs().max()) + 1e-30
+    bad = int((diff > bound).sum())
+    if bad:
+        worst = float(diff.max())
+        return (
+            f"{where}: {bad} of {r64.numel()} elements off (max abs error {worst:.3g}, {r.dtype})"
+        )
+    return None
+
+
+def _clone(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+@dataclass
+class Reference:
+    """Seeded inputs, their pristine copies, the RNG state and the aten graph's outputs."""
+
+    inputs: list[Any]
+    pristine: list[Any]
+    outputs: list[Any]
+    mutated_after: list[Any]  # every input's value after the reference run
+    rng: tuple[torch.Tensor, torch.Tensor | None]
+    device: torch.device
+
+    @classmethod
+    def compute(cls, graph: Any, seed: int = 0, device: str = "cpu") -> Reference:
+        """Run the rebuilt aten graph once on seeded random inputs and keep what it gave."""
+        import compiler
+
+        inputs = list(compiler.random_inputs(graph, seed=seed, device=device))
+        return cls.from_module(graph.to_fx().to(torch.device(device)), inputs, seed)
+
+    @classmethod
+    def from_module(cls, module: Callable[..., Any], inputs: list[Any], seed: int = 0) -> Reference:
+        """The reference of any runnable aten module on given inputs (they become the live ones)."""
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        dev = tensors[0].device if tensors else torch.device("cpu")
+        pristine = [_clone(t) for t in inputs]
+        torch.manual_seed(seed)
+        rng = _rng_state(dev)
+        with torch.no_grad():
+            out = module(*inputs)
+        outputs = [_clone(o) for o in _as_list(out)]
+        mutated_after = [_clone(t) for t in inputs]
+        ref = cls(inputs, pristine, outputs, mutated_after, rng, dev)
+        ref.restore()
+        return ref
+
+    def restore(self) -> None:
+        """Put the inputs and the RNG back to where the reference started."""
+        for live, saved in zip(self.inputs, self.pristine, strict=True):
+            if isinstance(live, torch.Tensor):
+                live.copy_(saved)
+        _set_rng_state(self.rng, self.device)
+
+    def check(self, run: Callable[..., Any]) -> str | None:
+        """Run `run(*inputs)` from the reference's starting state; the first mismatch, or None."""
+        self.restore()
+        with torch.no_grad():
+            got = _as_list(run(*self.inputs))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if len(got) != len(self.outputs):
+            return f"returned {len(got)} outputs, the graph has {len(self.outputs)}"
+        for i, (o, r) in enumerate(zip(got, self.outputs, strict=True)):
+            reason = mismatch(o, r, f"output {i}")
+            if reason:
+                return reason
+        for i, (live, after) in enumerate(zip(self.inputs, self.mutated_after, strict=True)):
+            if isinstance(after, torch.Tensor):
+                reason = mismatch(live, after, f"input {i} after the run (in-place)")
+                if reason:
+                    return reason
+        return None
+
+
+def _as_list(out: Any) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+def check_outputs(outputs: Sequence[Any], reference: Sequence[Any]) -> str | None:
+    """Compare two output lists element by element; the first mismatch, or None."""
+    if len(outputs) != len(reference):
+        return f"returned {len(outputs)} outputs, expected {len(reference)}"
+    for i, (o, r) in enumerate(zip(outputs, reference, strict=True)):
+        reason = mismatch(o, r, f"output {i}")
+        if reason:
+            return reason
+    return None
