@@ -9,6 +9,8 @@ convolutions, attention, embedding backward).
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from collections.abc import Callable
 
 import torch
@@ -76,3 +78,15 @@ def _table() -> dict[torch._ops.OpOverload, Callable]:
 def decompositions() -> dict[torch._ops.OpOverload, Callable]:
     """kiln's decomposition table (a fresh dict each call; callers may extend it)."""
     return dict(_table())
+
+
+class _CallableModule(types.ModuleType):
+    """`compiler.decompositions` names both this module and the function: once the module
+    is imported, the import system binds it over the package's lazy export, so calling
+    the module must do what calling the function does."""
+
+    def __call__(self) -> dict[torch._ops.OpOverload, Callable]:
+        return decompositions()
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from compiler import ops
 from compiler.codegen import NotFusible, Unsupported, generate_kernel
+from compiler.codegen import exprs
 from compiler.codegen import matmul as matmul_codegen
 from compiler.codegen.common import TL_DTYPES, Writer
 from compiler.codegen.reduction import reduction_info
@@ -37,9 +38,11 @@ def _classify(node: fx.Node) -> str:
         return "input" if node.op == "placeholder" else "output"
     if node.op == "get_attr":
         return "const"
-    if node.target is operator.getitem:
-        return "extern"
     name = ops.base_name(node)
+    if name in ("split", "split_with_sizes", "unbind"):
+        return "view"  # its getitems are slices of its input
+    if node.target is operator.getitem:
+        return "view" if exprs.is_view(node) else "extern"
     m = node.meta.get("kiln_meta")
     if not isinstance(m, TensorMeta) or name in ops.NEVER_LOWER or m.dtype not in TL_DTYPES:
         return "extern"

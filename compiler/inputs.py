@@ -58,9 +58,6 @@ def _index_bounds(node: NodeSpec, shape_of: Any) -> list[tuple[Any, int]]:
     elif op in ("aten.nll_loss_backward.default", "aten.nll_loss2d_backward.default"):
         inp = shape_of(a[1]) if len(a) > 1 and isinstance(a[1], Ref) else None
         bounds.append((arg(2, "target"), inp[-1 if len(inp) == 1 else 1] if inp else None))
-    elif op.startswith("aten.max_pool2d_with_indices_backward.") and len(a) > 7:
-        inp = shape_of(a[1]) if isinstance(a[1], Ref) else None
-        bounds.append((a[7], inp[-1] * inp[-2] if inp and len(inp) >= 2 else None))
     return [(ref, high) for ref, high in bounds if isinstance(ref, Ref) and isinstance(high, int) and high > 0]
 
 
@@ -93,17 +90,66 @@ def index_ranges(graph: Graph) -> dict[str, int]:
     return ranges
 
 
+def _pair(value: Any, default: list[int]) -> list[int]:
+    value = list(value) if isinstance(value, list) and value else default
+    return value * 2 if len(value) == 1 else value
+
+
+def _pool_windows(graph: Graph) -> dict[str, tuple]:
+    """Inputs that are max-pool 2d indices: (input H, W, kernel, stride, padding, dilation).
+
+    A valid index points inside its output position's window; backward kernels of each
+    device treat other indices differently, so they are drawn inside the window.
+    """
+    shapes = {i.name: i.shape for i in graph.inputs}
+    shapes.update({n.name: n.meta.shape for n in graph.nodes if isinstance(n.meta, TensorMeta)})
+    windows = {}
+    for node in graph.nodes:
+        a = node.args
+        if node.op != "aten.max_pool2d_with_indices_backward.default" or len(a) < 8:
+            continue
+        if not (isinstance(a[7], Ref) and isinstance(a[1], Ref)) or len(shapes.get(a[1].name, ())) < 2:
+            continue
+        height, width = shapes[a[1].name][-2:]
+        kernel = _pair(a[2], [1])
+        windows[a[7].name] = (height, width, kernel, _pair(a[3], kernel), _pair(a[4], [0]), _pair(a[5], [1]))
+    return windows
+
+
+def _draw_pool_indices(shape: tuple[int, ...], window: tuple, gen: torch.Generator) -> torch.Tensor:
+    """Flat (h * W + w) indices, each inside its output position's pooling window."""
+    height, width, kernel, stride, pad, dil = window
+    out_h, out_w = shape[-2:]
+    u_h, u_w = torch.rand(shape, generator=gen), torch.rand(shape, generator=gen)
+    start_h = (torch.arange(out_h) * stride[0] - pad[0]).view(out_h, 1)
+    start_w = (torch.arange(out_w) * stride[1] - pad[1]).view(1, out_w)
+    h = _tap(start_h, height, kernel[0], dil[0], u_h)
+    w = _tap(start_w, width, kernel[1], dil[1], u_w)
+    return (h * width + w).contiguous()
+
+
+def _tap(start: torch.Tensor, size: int, kernel: int, dil: int, u: torch.Tensor) -> torch.Tensor:
+    """A random tap of each window (first input position `start`) that lies inside [0, size)."""
+    low = torch.clamp(-start + dil - 1, min=0) // dil
+    high = torch.clamp((size - 1 - start) // dil, max=kernel - 1)
+    span = (high - low + 1).clamp(min=1)
+    tap = torch.minimum(low + (u * span).long(), high).clamp(min=0)
+    return (start + tap * dil).clamp(0, size - 1)
+
+
 def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str | torch.device = "cpu") -> list[torch.Tensor]:
     """Seeded random tensors for every graph input, honouring dtype, shape, stride and
     storage offset. Floats are standard normal; integer inputs that feed index ops
     (embedding, index, gather, scatter, nll_loss targets, pooling indices) are drawn in
-    [0, size of the indexed dim); other integers in [0, 16); bools uniform. The values
+    [0, size of the indexed dim), max-pool indices inside their window; other integers in
+    [0, 16); bools uniform. The values
     are drawn on the CPU, so they are the same for every device. requires_grad is not set.
     """
     if not isinstance(graph, Graph):
         graph = from_wire(graph)
     gen = torch.Generator().manual_seed(seed)
     ranges = index_ranges(graph)
+    windows = _pool_windows(graph)
     tensors = []
     for inp in graph.inputs:
         numel = 1
@@ -115,6 +161,10 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
         elif inp.dtype.is_floating_point or inp.dtype.is_complex:
             draw_dtype = inp.dtype if inp.dtype.itemsize >= 2 and not str(inp.dtype).startswith("torch.float8") else torch.float32
             flat = torch.randn(extent, generator=gen, dtype=draw_dtype).to(inp.dtype)
+        elif inp.name in windows and len(inp.shape) >= 2 and numel:
+            dense = _draw_pool_indices(inp.shape, windows[inp.name], gen).to(inp.dtype)
+            flat = torch.zeros(extent, dtype=inp.dtype)
+            flat.as_strided(inp.shape, inp.stride, inp.storage_offset).copy_(dense)
         else:
             high = min(ranges.get(inp.name, _DEFAULT_INT_HIGH), torch.iinfo(inp.dtype).max + 1)
             flat = torch.randint(0, high, (extent,), generator=gen, dtype=torch.int64).to(inp.dtype)

@@ -42,18 +42,13 @@ def _triton_version() -> str:
         return "none"
 
 
-def canonical_json(graph: Graph) -> str:
-    """The canonical JSON text of a graph: sorted keys, no whitespace, ASCII only."""
-    return json.dumps(graph.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
 def _as_graph(graph: Graph | dict | str | bytes) -> Graph:
     return graph if isinstance(graph, Graph) else from_wire(graph)
 
 
 def graph_hash(graph: Graph | dict | str | bytes) -> str:
     """sha256 (64 hex digits) of the graph's canonical JSON; wire forms are parsed first."""
-    return hashlib.sha256(canonical_json(_as_graph(graph)).encode("ascii")).hexdigest()
+    return hashlib.sha256(_as_graph(graph).canonical_text().encode("ascii")).hexdigest()
 
 
 @dataclass(frozen=True)

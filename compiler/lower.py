@@ -79,6 +79,7 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None]) -> N
             values[node] = _to_meta(_attr(gm, node.target))
         elif node.op == "call_function":
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+            args, kwargs = tree_map(_meta_device, (args, kwargs))
             try:
                 values[node] = node.target(*args, **kwargs)
             except Exception as exc:  # an op the meta device cannot run: no metadata
@@ -90,6 +91,10 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None]) -> N
             raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
         node.meta["kiln_meta"] = tree_map(
             lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else None, values[node])
+
+
+def _meta_device(value: object) -> object:
+    return torch.device("meta") if isinstance(value, torch.device) else value
 
 
 def _attr(gm: fx.GraphModule, target: str) -> object:
@@ -291,12 +296,16 @@ def fold_constants(gm: fx.GraphModule) -> None:
 
 
 def name_kernels(program: Program) -> None:
-    """`fused_<first four aten ops>_<i>` names, e.g. `fused_native_layer_norm_gelu_add_0`."""
+    """`fused_<first four aten ops>_<i>` names, e.g. `fused_native_layer_norm_gelu_add_0`
+    (casts, copies and views are left out of names unless there is nothing else)."""
+    quiet = {"_to_copy", "convert_element_type", "clone", "alias", "getitem", "detach",
+             "lift_fresh_copy"} | ops.VIEWS
     for i, group in enumerate(program.kernels):
         names: list[str] = []
-        for origin in program.origin_names(group.inlined + group.members):
+        for origin in program.origin_names(group.members + group.inlined):
             op = program.original_ops[origin].split(".")
             base = op[1] if len(op) > 2 else op[-1]
-            if base not in names and base != "getitem":
+            if base not in names:
                 names.append(base)
-        group.name = "fused_" + "_".join(names[:4] or [group.kind]) + f"_{i}"
+        loud = [n for n in names if n not in quiet] or names
+        group.name = "fused_" + "_".join(n.strip("_") for n in loud[:4]) + f"_{i}"

@@ -15,8 +15,8 @@ POINTWISE = frozenset({
     "sign", "sgn", "square", "lerp", "addcmul", "addcdiv",
     # transcendental
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
-    "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
-    "sigmoid", "erf", "erfc", "erfinv", "floor", "ceil", "trunc", "round", "frac",
+    "tan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "sigmoid", "erf", "erfc", "floor", "ceil", "trunc", "round", "frac",
     # activations and their gradients
     "relu", "gelu", "silu", "hardtanh", "leaky_relu", "elu", "softplus", "mish", "hardsigmoid",
     "hardswish", "sigmoid_backward", "tanh_backward", "threshold_backward", "gelu_backward",
@@ -31,19 +31,20 @@ POINTWISE = frozenset({
     # generators (no tensor input, or only a shape from one)
     "full", "full_like", "scalar_tensor", "zeros", "ones", "zeros_like", "ones_like",
     "empty_like", "empty", "fill", "new_zeros", "new_ones", "new_full", "new_empty",
-    "arange", "iota", "empty_strided", "empty_permuted",
+    "arange", "iota", "empty_strided", "empty_permuted", "new_empty_strided",
 })
 
 # ---- views: index arithmetic over their input, no copy ----
 VIEWS = frozenset({
     "view", "reshape", "_unsafe_view", "permute", "t", "transpose", "expand", "unsqueeze",
     "squeeze", "slice", "select", "alias", "numpy_T", "view_as", "expand_as",
+    "split", "split_with_sizes", "unbind", "getitem",
 })
 
 # ---- index ops: loads at computed positions (gather, padding, concatenation) ----
 INDEXING = frozenset({
     "gather", "index_select", "embedding", "cat", "constant_pad_nd", "index", "slice_scatter",
-    "select_scatter",
+    "select_scatter", "flip",
 })
 
 # ---- reductions over a set of dims ----

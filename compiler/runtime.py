@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from compiler.codegen import generate_kernel
 from compiler.frontend import lower_graph
 from compiler.heuristics import _is_gpu, pointwise_config, schedule_for
+from compiler.interpreter_fixes import patch_interpreter_bf16_dot
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta
 from compiler.ops import op_name
 from compiler.schedule import Schedule, ScheduleMismatch, validate_config
@@ -116,9 +117,12 @@ class _Launch:
         self.in_slots, self.outs = in_slots, outs
         self.grid, self.constexprs, self.options = grid, constexprs, options
         self.empty = any(g == 0 for g in grid)
+        self.poison = False
         self._interpreted: Any = None
 
     def kernel_for(self, device: torch.device) -> Any:
+        if device.type == "cpu" or _is_interpreted(self.fn):
+            patch_interpreter_bf16_dot()
         if device.type == "cpu" and not _is_interpreted(self.fn):
             if self._interpreted is None:
                 from triton.runtime.interpreter import InterpretedFunction
@@ -130,6 +134,8 @@ class _Launch:
     def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
         for slot, shape, stride, dtype in self.outs:
             env[slot] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            if self.poison:
+                _poison(env[slot])
         if self.empty:
             return
         args = [env[s] for s in self.in_slots] + [env[o[0]] for o in self.outs]
@@ -141,6 +147,16 @@ class _Launch:
         launch()
         if record is not None:
             record.append(KernelCall(self.name, launch))
+
+
+def _poison(t: torch.Tensor) -> None:
+    """Fill a fresh buffer with NaN (or an unlikely integer) so unwritten elements show."""
+    if t.dtype.is_floating_point:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.view(torch.uint8).fill_(0x5A) if t.numel() else None
+    else:
+        t.fill_(torch.iinfo(t.dtype).min + 7)
 
 
 def _is_interpreted(fn: Any) -> bool:
@@ -213,6 +229,26 @@ class Built:
         out_node = next(n for n in reversed(program.gm.graph.nodes) if n.op == "output")
         self._outputs = _Args(out_node.args[0], slots)
         self._frees = _last_uses(execs, self._outputs, self._nslots)
+
+    @property
+    def poison(self) -> bool:
+        """Testing aid: when True, every kernel output buffer is filled with NaN (floats) or
+        a sentinel (integers, bools) before the kernel runs."""
+        return any(getattr(e, "poison", False) for e in self._launches())
+
+    @poison.setter
+    def poison(self, value: bool) -> None:
+        for launch in self._launches():
+            launch.poison = value
+
+    def _launches(self) -> list[_Launch]:
+        found = []
+        for e in self._execs:
+            if isinstance(e, _Launch):
+                found.append(e)
+            elif isinstance(e, _AtenMatmul) and e.epilogue is not None:
+                found.append(e.epilogue)
+        return found
 
     def _constants(self, device: torch.device) -> list[tuple[int, torch.Tensor]]:
         if device not in self._const_cache:

@@ -47,6 +47,7 @@ class Graph:
     def __init__(self, spec: GraphSpec, canonical: dict[str, Any]) -> None:
         self._spec = spec
         self._json = canonical
+        self._text: str | None = None
 
     @property
     def inputs(self) -> list[InputSpec]:
@@ -71,15 +72,24 @@ class Graph:
         """The canonical wire dict (a fresh copy)."""
         return copy.deepcopy(self._json)
 
+    def canonical_text(self) -> str:
+        """The canonical JSON text (sorted keys, no whitespace, ASCII) that `graph_hash` hashes."""
+        if self._text is None:
+            self._text = json.dumps(
+                self._json, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+            )
+        return self._text
+
     def to_fx(self, device: str | torch.device | None = None) -> fx.GraphModule:
         """A runnable aten GraphModule: placeholders in input order, returns a tuple in
-        `outputs` order; node names are the canonical names. `device` replaces every
-        device argument (and places constants), e.g. to run a CUDA graph on the CPU."""
+        `outputs` order; node names are the canonical names, and `node.meta["wire_meta"]`
+        holds each node's checked wire meta. `device` replaces every device argument (and
+        places constants), e.g. to run a CUDA graph on the CPU."""
         gm = build_fx(self._spec, device)
         metas = {n.name: n.meta for n in self._spec.nodes}
         for node in gm.graph.nodes:
             if node.name in metas:
-                node.meta["kiln_meta"] = metas[node.name]
+                node.meta["wire_meta"] = metas[node.name]
         return gm
 
     def op_summary(self) -> dict[str, int]:
@@ -277,7 +287,7 @@ def to_wire(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, Any]
     """The canonical kiln.graph/1 dict of an aten GraphModule (from AOTAutograd or make_fx).
 
     `example_inputs` gives each placeholder's dtype, shape, stride, storage offset and
-    requires_grad. Raises `WireError` naming the node when the graph cannot travel
+    requires_grad: tensors, or descriptions with those fields (e.g. `Graph.inputs`). Raises `WireError` naming the node when the graph cannot travel
     (a non-aten op, a symbolic shape, an unsupported argument, a limit passed).
     """
     wire_limits = limits()

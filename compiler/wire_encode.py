@@ -13,19 +13,39 @@ from compiler.settings import WireLimits
 from compiler.wire_schema import FORMAT, WireError, encode_float, encode_value, op_name
 
 
+def _field(value: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        if hasattr(value, name):
+            field = getattr(value, name)
+            return field() if callable(field) else field
+    return default
+
+
 def _input_entry(node: fx.Node, value: Any) -> dict[str, Any]:
-    if not isinstance(value, torch.Tensor):
+    """A tensor, or a description with dtype, shape, stride and storage_offset (or offset)
+    such as `Graph.inputs` entries."""
+    if isinstance(value, torch.Tensor):
+        dtype, shape, stride = value.dtype, value.shape, value.stride()
+        offset, requires_grad = value.storage_offset(), value.requires_grad
+    elif isinstance(getattr(value, "dtype", None), torch.dtype) and hasattr(value, "shape") and hasattr(value, "stride"):
+        dtype, shape, stride = value.dtype, _field(value, "shape"), _field(value, "stride")
+        offset = _field(value, "storage_offset", "offset", default=0)
+        requires_grad = bool(_field(value, "requires_grad", default=False))
+    else:
         raise WireError(
-            f"input is a {type(value).__name__}; only tensor inputs travel (trace with static shapes)",
+            f"input is a {type(value).__name__}; only tensors (or tensor descriptions) travel "
+            "(trace with static shapes)",
             node.name,
         )
+    if any(type(v) is not int for v in (*shape, *stride, offset)):
+        raise WireError("input has symbolic or non-integer sizes; trace with static shapes", node.name)
     return {
         "name": node.name,
-        "dtype": str(value.dtype).removeprefix("torch."),
-        "shape": list(value.shape),
-        "stride": list(value.stride()),
-        "storage_offset": value.storage_offset(),
-        "requires_grad": value.requires_grad,
+        "dtype": str(dtype).removeprefix("torch."),
+        "shape": list(shape),
+        "stride": list(stride),
+        "storage_offset": offset,
+        "requires_grad": requires_grad,
     }
 
 

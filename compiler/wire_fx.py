@@ -111,52 +111,56 @@ def _list_bound(node: NodeSpec, args: tuple, kwargs: dict) -> int:
     return bound
 
 
-class _MetaRun(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, spec: GraphSpec, display: Mapping[str, str], limits: WireLimits):
-        super().__init__(gm, garbage_collect_values=True)
-        self.nodes = {n.name: n for n in spec.nodes}
-        self.display, self.limits = display, limits
-        self.metas: dict[str, NodeMeta] = {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op != "call_function":
-            return super().run_node(n)
-        spec = self.nodes[n.name]
-        where = self.display.get(n.name, n.name)
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        if spec.op == GETITEM:
-            if not isinstance(args[0], (list, tuple)):
-                raise WireError("operator.getitem applies only to ops with several results", where)
-            if not -len(args[0]) <= args[1] < len(args[0]):
-                raise WireError(f"operator.getitem index {args[1]} out of range for {len(args[0])} results", where)
-        elif any(r.type.kind() == "ListType" for r in spec.target._schema.returns):
-            bound = _list_bound(spec, args, kwargs)
-            if bound > self.limits.max_nodes:
-                raise WireError(f"{spec.op} could return {bound} tensors > limit {self.limits.max_nodes}", where)
-        try:
-            result = n.target(*args, **kwargs)
-        except WireError:
-            raise
-        except Exception as e:  # any failure of an op on these arguments is the graph's fault
-            message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            raise WireError(f"{spec.op} fails on its arguments: {type(e).__name__}: {message}", where) from None
-        self.metas[n.name] = _result_meta(result, where, self.limits)
-        return result
+def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: WireLimits) -> Any:
+    """One node's result on meta tensors, checked before and after; WireError on failure."""
+    if node.op == GETITEM:
+        if not isinstance(args[0], (list, tuple)):
+            raise WireError("operator.getitem applies only to ops with several results", where)
+        if not -len(args[0]) <= args[1] < len(args[0]):
+            raise WireError(f"operator.getitem index {args[1]} out of range for {len(args[0])} results", where)
+        return args[0][args[1]]
+    schema = node.target._schema
+    if any(r.type.kind() == "ListType" for r in schema.returns):
+        bound = _list_bound(node, args, kwargs)
+        if bound > limits.max_nodes:
+            raise WireError(f"{node.op} could return {bound} tensors > limit {limits.max_nodes}", where)
+    if any(a.name == "device" for a in schema.arguments):
+        kwargs = {**kwargs, "device": _META}  # factory ops would allocate on the CPU otherwise
+    try:
+        return node.target(*args, **kwargs)
+    except Exception as e:  # any failure of an op on these arguments is the graph's fault
+        text = str(e).strip()
+        message = text.splitlines()[0][:300] if text else ""
+        raise WireError(f"{node.op} fails on its arguments: {type(e).__name__}: {message}", where) from None
 
 
 def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits) -> dict[str, NodeMeta]:
     """Each node's result meta, computed on meta tensors; WireError naming the node if an op
     rejects its arguments or a result passes the limits. `display` maps names to the names
     errors should use."""
-    gm = build_fx(spec, device=_META)
-    inputs = []
+    env: dict[str, Any] = {}
     for inp in spec.inputs:
         extent = inp.storage_offset + 1 + sum((s - 1) * st for s, st in zip(inp.shape, inp.stride, strict=True))
         base = torch.empty(max(extent, inp.storage_offset), dtype=inp.dtype, device=_META)
-        inputs.append(base.as_strided(inp.shape, inp.stride, inp.storage_offset))
-    run = _MetaRun(gm, spec, display, limits)
-    try:
-        run.run(*inputs)
-    except RecursionError:
-        raise WireError("graph too deep to check") from None
-    return run.metas
+        env[inp.name] = base.as_strided(inp.shape, inp.stride, inp.storage_offset)
+    for const in spec.constants:
+        env[const.name] = torch.empty(const.shape, dtype=const.dtype, device=_META)
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, Ref):
+            return env[value.name]
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        if isinstance(value, torch.device):
+            return _META
+        return value
+
+    metas: dict[str, NodeMeta] = {}
+    for node in spec.nodes:
+        where = display.get(node.name, node.name)
+        args = tuple(resolve(a) for a in node.args)
+        kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
+        result = _run_on_meta(node, args, kwargs, where, limits)
+        metas[node.name] = _result_meta(result, where, limits)
+        env[node.name] = result
+    return metas

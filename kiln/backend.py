@@ -123,7 +123,7 @@ def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
         log.debug("kiln: resolve failed", exc_info=True)
     if entry.level == "eager":
         degrade.count("eager")
-    if entry.level != "tuned" and resolver.client is not None:
+    if entry.level != "tuned" and not entry.final and resolver.client is not None:
         poller().watch(entry, resolver, submitted=answer is not None,
                        job_id=answer.job_id if answer is not None else None)
     log.debug("kiln: compiled %r", entry)
@@ -206,10 +206,12 @@ def poller() -> Poller:
 
 
 def shutdown() -> None:
-    """Stop the background poller and forget clients (tests; before a fork)."""
+    """Stop the background poller, forget clients and the list of compiled graphs (tests;
+    before a fork). Compiled graphs keep working; they just are not swapped any more."""
     global _poller
     with _lock:
         p, _poller = _poller, None
         _resolvers.clear()
+        _compiled.clear()
     if p is not None:
         p.stop()

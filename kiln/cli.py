@@ -10,7 +10,6 @@ import argparse
 import logging
 import os
 import re
-import signal
 import sys
 from typing import Any
 
@@ -66,24 +65,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from service.context import ServiceContext
-    from service.worker import Worker, WorkerInterrupted
+    from service.worker import Worker, install_signal_handlers
 
-    settings = _settings()
-    ctx = ServiceContext(settings)
+    ctx = ServiceContext(_settings())
     worker = Worker(ctx, device=args.device)
-    signals = {"count": 0}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        signals["count"] += 1
-        if signals["count"] == 1:
-            logging.getLogger("kiln").info("signal %d: finishing the job in hand, then stopping",
-                                           signum)
-            worker.stop()
-        else:
-            raise WorkerInterrupted()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    install_signal_handlers(worker)
     try:
         worker.run()
     finally:

@@ -35,6 +35,7 @@ class CompiledGraph:
         self.level = "eager"
         self.origin = "eager"  # eager | local | cache | service
         self.built: Any = None  # compiler.Built once built
+        self.final = False  # the service said all it will say: no background polling
         self._impl: Callable[..., Any] = gm
         self._lock = threading.Lock()
         # AOTAutograd's boxed calling convention: called with one list of inputs, which the

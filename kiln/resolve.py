@@ -141,6 +141,8 @@ class Resolver:
             if answer is not None and answer.schedule is not None:
                 level = "tuned" if answer.status == "tuned" else "heuristic"
                 self.build_from(entry, answer.schedule, level, "service")
+            if answer is not None and answer.status in ("tuned", "failed"):
+                entry.final = True  # even if unusable here: polling will not improve it
         if entry.level == "eager":
             self.build_local(entry)
         return answer
@@ -187,6 +189,7 @@ class Resolver:
                     # Nothing better is coming (no tuner for this target, or it failed):
                     # read the schedule once more, in case it landed with the job.
                     answer = self.client.schedule(entry.key)
+                    entry.final = True
                     break
                 if time.monotonic() + self.config.poll_interval > deadline:
                     degrade.warn_once("wait_timeout", f"{self.config.wait_timeout:g}s for "

@@ -38,23 +38,13 @@ def _numel(graph: Any) -> int:
 
 
 def _check_on_interpreter(graph: Any, built: Any) -> None:
-    """Run the heuristic build on seeded inputs and compare with the rebuilt aten graph."""
-    import torch
+    """Run the heuristic build on seeded inputs and compare with the rebuilt aten graph,
+    with the tuner's verification (same RNG state for random ops, dtype-aware tolerances)."""
+    from tuner.verify import Reference
 
-    import compiler
-
-    inputs = compiler.random_inputs(graph, seed=0)
-    expected = graph.to_fx()(*[t.clone() for t in inputs])
-    got = built(*[t.clone() for t in inputs])
-    expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
-    if len(expected) != len(got):
-        raise AssertionError(f"the build returned {len(got)} outputs, the graph {len(expected)}")
-    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-        if isinstance(e, torch.Tensor):
-            low = e.dtype in (torch.float16, torch.bfloat16)
-            torch.testing.assert_close(g, e, rtol=2e-2 if low else 1e-4, atol=2e-2 if low else 1e-5,
-                                       equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}")
+    reason = Reference.compute(graph, seed=0).check(built)
+    if reason is not None:
+        raise ValueError(f"the heuristic build disagrees with the aten graph: {reason}")
 
 
 def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import traceback
@@ -32,6 +33,24 @@ TuneFn = Callable[[str, dict[str, Any], int, float], pipeline.Outcome]
 
 class WorkerInterrupted(BaseException):
     """Raised in the worker's thread by a second SIGTERM: give the job back and stop now."""
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    """SIGTERM/SIGINT once: finish the job in hand, then stop. Twice: give the job back to
+    the queue (the attempt is not counted) and stop at once. Call from the main thread that
+    then runs `worker.run()`."""
+    received = {"count": 0}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received["count"] += 1
+        if received["count"] == 1:
+            log.info("signal %d: finishing the job in hand, then stopping", signum)
+            worker.stop()
+        else:
+            raise WorkerInterrupted()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 class Worker:

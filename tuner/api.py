@@ -18,7 +18,7 @@ from typing import Any
 
 from tuner.records import Candidate, Measurement
 from tuner.runner import DEFAULT_TIMEOUT_S, Runner
-from tuner.search import Budget, BudgetClock, KernelSearch
+from tuner.search import Budget, BudgetClock, KernelSearch, pick_winner
 from tuner.space import candidates
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]
 # A tuned whole graph this much slower than the heuristic one falls back to the heuristic.
 REGRESSION_MARGIN = 0.05
+# Kernels under this fraction of the graph's kernel time are not worth a search.
+MIN_WEIGHT = 0.01
 
 
 @dataclass
@@ -91,12 +93,6 @@ def default_device(target: Any) -> str:
     return "cuda" if getattr(target, "device_type", "cpu") == "cuda" else "cpu"
 
 
-def _split(total: int | float | None, parts: int) -> int | float | None:
-    if total is None:
-        return None
-    return total / max(1, parts) if isinstance(total, float) else max(1, total // max(1, parts))
-
-
 def tune(
     graph: Any,
     target: Any,
@@ -157,57 +153,70 @@ def _tune_loaded(
             errors.append(f"{label}: {reply['error']}")
     clock = BudgetClock(budget)
     tuned = copy.deepcopy(base)
-    measurements: list[Measurement] = []
-    kernel_results: list[KernelResult] = []
     kernels = tuned["kernels"]
+    searches: list[KernelSearch] = []
+    pruned: list[int] = []
+    # Phase 1: every kernel's heuristic point, timed once: the baseline and the weights.
     for i, kernel in enumerate(kernels):
         if progress:
-            progress(i, len(kernels), kernel["name"])
+            progress(i, 2 * len(kernels), kernel["name"])
         space, dropped = candidates(kernel, target)
         start = Candidate.make(
             kernel["name"],
             kernel["variant"],
             {} if kernel["variant"] == "aten" else kernel["config"],
         )
-        if {c.variant for c in space} >= {"aten", "triton"}:
-            # An ATen matmul is no Triton launch to time alone: compare its variants on the
-            # whole graph, where both run (the other kernels are fixed, so only it moves).
-            runner.scopes[kernel["name"]] = "graph"
-        left = len(kernels) - i
+        search = KernelSearch(space, start, runner, clock, share=0)
+        search.baseline()
+        searches.append(search)
+        pruned.append(len(dropped))
+    # Phase 2: the rest of the budget, shared in proportion to each kernel's time, slowest
+    # first; a kernel under MIN_WEIGHT of the graph's kernel time keeps its heuristic config.
+    weights = [s.baseline_ms() or 0.0 for s in searches]
+    order = sorted(range(len(kernels)), key=lambda i: (-weights[i], i))
+    remaining_weight = sum(weights) or 1.0
+    for rank, i in enumerate(order):
+        search = searches[i]
+        if progress:
+            progress(len(kernels) + rank, 2 * len(kernels), kernels[i]["name"])
+        fraction = weights[i] / remaining_weight if remaining_weight > 0 else 0.0
+        remaining_weight -= weights[i]
+        if weights[i] < MIN_WEIGHT * sum(weights) or clock.exhausted():
+            continue
+        trials_left = clock.trials_left()
         seconds_left = None if budget.seconds is None else budget.seconds - clock.elapsed()
-        search = KernelSearch(
-            space,
-            start,
-            runner,
-            clock,
-            share=_split(clock.trials_left(), left),
-            seconds=_split(float(seconds_left), left) if seconds_left is not None else None,
+        search.grant(
+            trials=None if trials_left is None else int(trials_left * fraction),
+            seconds=None if seconds_left is None else seconds_left * fraction,
         )
-        winner = search.run(strategy)
+        search.run(strategy)
+    measurements: list[Measurement] = []
+    kernel_results: list[KernelResult] = []
+    for kernel, search, n_pruned in zip(kernels, searches, pruned, strict=True):
         measurements.extend(search.measurements)
-        chosen = winner.candidate if winner is not None else start
+        winner = pick_winner(search.measurements)
+        chosen = winner.candidate if winner is not None else search.start
         if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
             kernel["variant"] = chosen.variant
             if chosen.variant != "aten":
                 kernel["config"] = chosen.config
             kernel["source_hash"] = winner.extra.get("source_hash") if winner else None
-        base_ms = next((m.ms for m in search.measurements if m.candidate == start and m.ok), None)
         kernel_results.append(
             KernelResult(
                 name=kernel["name"],
                 kind=kernel["kind"],
-                heuristic=start,
+                heuristic=search.start,
                 winner=chosen,
-                heuristic_ms=base_ms,
+                heuristic_ms=search.baseline_ms(),
                 tuned_ms=winner.ms if winner is not None else None,
-                strategy=getattr(search, "strategy", strategy),
-                space=len(space),
-                pruned=len(dropped),
+                strategy=search.strategy,
+                space=len(search.space),
+                pruned=n_pruned,
                 trials=search.spent,
             )
         )
     if progress:
-        progress(len(kernels), len(kernels), "")
+        progress(2 * len(kernels), 2 * len(kernels), "")
     tuned["status"] = "tuned"
     final = runner.time_graph(tuned)
     if final.get("error") or final.get("ms") is None:

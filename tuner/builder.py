@@ -28,21 +28,29 @@ _session_key: str | None = None
 
 
 def _init_worker(device: str) -> None:
-    if device.startswith("cuda"):
+    if device.startswith("cuda:"):
         import torch
 
         torch.cuda.set_device(torch.device(device))
 
 
+def _load(device: str, key: str, loaded: tuple[dict, dict, int]) -> None:
+    """Hold the graph `key` in this worker (the pool outlives graphs: load on first sight)."""
+    global _session, _session_key
+    from tuner.session import TrialSession
+
+    if _session_key != key:
+        _session = None  # free the previous graph's buffers first
+        session = TrialSession(device)
+        session.load(*loaded)
+        _session, _session_key = session, key
+
+
 def _compile_one(device: str, key: str, loaded: tuple[dict, dict, int], cand_json: dict) -> dict:
     """Build the candidate and run it once (compiling its kernels); an error string or None."""
-    global _session, _session_key
-    from tuner.session import TrialSession, classify
+    from tuner.session import classify
 
-    if _session_key != key:  # the pool outlives graphs: load this one on first sight
-        _session = TrialSession(device)
-        _session.load(*loaded)
-        _session_key = key
+    _load(device, key, loaded)
     cand = Candidate.from_json(cand_json)
     try:
         built = _session._build(_session._schedule_with(cand))
@@ -87,6 +95,11 @@ class Builder:
         self._key = canonical([graph_json, schedule_json, seed])
         self.verdicts.clear()
         self.prepared.clear()
+        if self.workers > 0:
+            # Start the workers and load the graph now, while the runner times the baseline.
+            pool = self._ensure_pool()
+            for _ in range(self.workers):
+                pool.submit(_load, self.device, self._key, self._loaded)
 
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:

@@ -41,7 +41,7 @@ def _child_main(conn: Connection, device: str, fault_hook: FaultHook | None) -> 
     from tuner.session import CudaFault, TrialSession, describe_exception
 
     session = TrialSession(device)
-    if device.startswith("cuda"):
+    if device.startswith("cuda:"):
         import torch
 
         torch.cuda.set_device(torch.device(device))
@@ -186,6 +186,8 @@ class Runner:
             "schedule": schedule_json,
             "seed": seed,
         }
+        self.builder.load(graph_json, schedule_json, seed)
+        self.scopes.clear()
         if self._proc is not None:
             reply = self._call(self._loaded, LOAD_TIMEOUT_S)
         else:

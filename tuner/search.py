@@ -130,6 +130,32 @@ class KernelSearch:
         self._started = clock.elapsed()
         self.measurements: list[Measurement] = []
         self.spent = 0
+        self.strategy = "baseline"
+
+    # -- budget -----------------------------------------------------------------------------
+    def grant(self, trials: int | None, seconds: float | None) -> None:
+        """Give this kernel `trials` more trials and `seconds` more seconds, from now."""
+        self.share = None if trials is None else self.spent + max(0, trials)
+        self.seconds = seconds
+        self._started = self.clock.elapsed()
+
+    def baseline(self) -> None:
+        """Time the start point once at full fidelity (outside this kernel's share)."""
+        share, self.share = self.share, None
+        if self.start not in self._measured():
+            self._measure([self.start])
+        self.share = share
+
+    def baseline_ms(self) -> float | None:
+        """The start point's full-fidelity time, when it ran and verified."""
+        return next(
+            (
+                m.ms
+                for m in self.measurements
+                if m.candidate == self.start and m.ok and m.extra.get("fidelity", 1.0) == 1.0
+            ),
+            None,
+        )
 
     # -- plumbing ---------------------------------------------------------------------------
     def _room(self) -> int | None:
@@ -217,16 +243,18 @@ class KernelSearch:
         if strategy == "auto":
             room = self._room()
             fits = room is None or len(self.space) <= room
-            if len(self.space) <= EXHAUSTIVE_LIMIT and fits:
-                strategy = "exhaustive"
-            elif len(self.space) > 8 * max(room or 0, EXHAUSTIVE_LIMIT):
-                strategy = "halving"
-            else:
-                strategy = "coordinate"
+            # Coordinate descent from the heuristic point makes the most of a few trials;
+            # successive halving (by request) samples wide spaces given many.
+            strategy = (
+                "exhaustive" if len(self.space) <= EXHAUSTIVE_LIMIT and fits else "coordinate"
+            )
         log.debug("kernel %s: %s over %d candidates", self.start.kernel, strategy, len(self.space))
         self.strategy = strategy
         # The heuristic point always gets a full-fidelity time: the baseline tables report.
-        self._measure([self.start])
+        self.baseline()
+        # A matmul's ATen call (cuBLAS) is the bar any Triton config must clear: time it early.
+        aten = [c for c in self.space if c.variant == "aten" and c not in self._measured()]
+        self._measure(aten)
         if strategy == "exhaustive":
             return self.exhaustive()
         if strategy == "coordinate":

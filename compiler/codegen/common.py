@@ -180,9 +180,16 @@ class Writer:
         self.lines.append("    " * self.indent + line)
 
     def tmp(self, expr: str, prefix: str = "tmp") -> str:
+        """A variable holding `expr`; an expression already computed in scope is reused."""
+        if expr.isidentifier():
+            return expr
+        for scope in reversed(self.scopes):
+            if ("expr", expr) in scope:
+                return scope[("expr", expr)]
         name = f"{prefix}{self.counter}"
         self.counter += 1
         self.emit(f"{name} = {expr}")
+        self.scopes[-1][("expr", expr)] = name
         return name
 
     def push(self) -> None:
@@ -204,14 +211,18 @@ class Writer:
             self.out_params[node] = f"out_ptr{len(self.out_params)}"
         return self.out_params[node]
 
-    def offset(self, m: TensorMeta, idx: Index) -> str:
-        """Element offset of `idx` in a buffer of layout `m` (its storage offset is in the pointer)."""
+    def offset(self, m: TensorMeta, idx: Index, *, block: bool = False) -> str:
+        """Element offset of `idx` in a buffer of layout `m` (its storage offset is in the
+        pointer). With `block`, every index term stays, so the offset keeps its block shape."""
+        if block:  # size-1 and broadcast dims keep a term (x * 0 folds away in compilation)
+            return " + ".join(e if st == 1 else f"{paren(e)} * {st}"
+                              for e, st in zip(idx, m.stride) if e != "0") or "0"
         flat = self.flat_forms.get((idx, m.shape))
         if flat is not None and dense(m):
             return flat
         return linear([(e, st) for e, st, s in zip(idx, m.stride, m.shape) if s != 1])
 
-    def address(self, node: fx.Node, idx: Index) -> tuple[fx.Node, str]:
+    def address(self, node: fx.Node, idx: Index, *, block: bool = False) -> tuple[fx.Node, str]:
         """(buffer node, offset) of the element at `idx`, following views to a buffer."""
         from compiler.codegen import exprs
 
@@ -220,12 +231,16 @@ class Writer:
                 raise NotFusible(f"{node.name} is not a view of a buffer")
             node, idx = exprs.view_source(node, idx)
             self.note_inlined(node)
-        return node, self.offset(meta(node), idx)
+        return node, self.offset(meta(node), idx, block=block)
 
     def load(self, node: fx.Node, idx: Index, mask: str, *, upcast: bool = True) -> str:
         param = self.in_param(node)
         m = meta(node)
-        expr = f"tl.load({param} + {paren(self.offset(m, idx))}, {mask}, other=0)"
+        offset = self.offset(m, idx)
+        if offset.isdigit():  # one fixed, always valid element: a scalar load, no mask
+            expr = f"tl.load({param} + {offset})" if offset != "0" else f"tl.load({param})"
+        else:
+            expr = f"tl.load({param} + {paren(offset)}, {mask}, other=0)"
         want = compute_dtype(m.dtype) if upcast else m.dtype
         if want != m.dtype:
             expr = f"{expr}.to({tl_dtype(want)})"
@@ -288,9 +303,7 @@ def index_bits(metas: list[TensorMeta]) -> bool:
     return False
 
 
-HEADER = ("import triton\n"
-          "import triton.language as tl\n"
-          "from triton.language.extra import libdevice\n")
+HEADER = "import triton\nimport triton.language as tl\n"
 
 
 class Generated:
@@ -319,11 +332,11 @@ def assemble(w: Writer, name: str, comment: list[str], constexprs: list[str]) ->
                      list(w.inlined))
 
 
-def store(w: Writer, node: fx.Node, idx: Index, var: str, mask: str) -> None:
+def store(w: Writer, node: fx.Node, idx: Index, var: str, mask: str, *, block: bool = False) -> None:
     """Write `var` (node's value at idx) to node's output buffer."""
     m = meta(node)
     value = var if compute_dtype(m.dtype) == m.dtype else f"{var}.to({tl_dtype(m.dtype)})"
-    w.emit(f"tl.store({w.out_param(node)} + {paren(w.offset(m, idx))}, {value}, {mask})")
+    w.emit(f"tl.store({w.out_param(node)} + {paren(w.offset(m, idx, block=block))}, {value}, {mask})")
 
 
 def define_dims(w: Writer, flat: str, shape: tuple[int, ...], prefix: str) -> Index:

@@ -59,19 +59,35 @@ def _round_to(expr: str, out: torch.dtype) -> str:
 
 # ---- pointwise math ----------------------------------------------------------------------
 
+# Only tl builtins: libdevice is an external library the Triton interpreter cannot run,
+# and a kernel's source must be the same bytes wherever it is generated.
 _UNARY_FLOAT = {
-    "exp": "tl.exp({})", "exp2": "tl.exp2({})", "expm1": "libdevice.expm1({})",
-    "log": "tl.log({})", "log2": "tl.log2({})", "log10": "libdevice.log10({})",
-    "log1p": "libdevice.log1p({})", "sqrt": "tl.sqrt({})", "rsqrt": "tl.rsqrt({})",
-    "sin": "tl.sin({})", "cos": "tl.cos({})", "tan": "libdevice.tan({})",
-    "asin": "libdevice.asin({})", "acos": "libdevice.acos({})", "atan": "libdevice.atan({})",
-    "sinh": "libdevice.sinh({})", "cosh": "libdevice.cosh({})", "tanh": "libdevice.tanh({})",
-    "asinh": "libdevice.asinh({})", "acosh": "libdevice.acosh({})", "atanh": "libdevice.atanh({})",
-    "sigmoid": "tl.sigmoid({})", "erf": "tl.erf({})", "erfc": "libdevice.erfc({})",
-    "erfinv": "libdevice.erfinv({})", "reciprocal": "1.0 / {}",
+    "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
+    "expm1": "tl.where(tl.abs({0}) < 1e-5, {0} + 0.5 * {0} * {0}, tl.exp({0}) - 1.0)",
+    "log": "tl.log({0})", "log2": "tl.log2({0})", "log10": "tl.log({0}) * 0.4342944819032518",
+    "log1p": "tl.where(tl.abs({0}) < 1e-4, {0} - 0.5 * {0} * {0}, tl.log(1.0 + {0}))",
+    "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
+    "tan": "tl.sin({0}) / tl.cos({0})",
+    "sinh": "0.5 * (tl.exp({0}) - tl.exp(-{0}))", "cosh": "0.5 * (tl.exp({0}) + tl.exp(-{0}))",
+    "tanh": "_kiln_tanh({0})",
+    "asinh": "tl.where({0} < 0, -1.0, 1.0) * tl.log(tl.abs({0}) + tl.sqrt({0} * {0} + 1.0))",
+    "acosh": "tl.log({0} + tl.sqrt({0} * {0} - 1.0))",
+    "atanh": "0.5 * tl.log((1.0 + {0}) / (1.0 - {0}))",
+    "sigmoid": "tl.sigmoid({0})", "erf": "tl.erf({0})", "erfc": "1.0 - tl.erf({0})",
+    "reciprocal": "1.0 / {0}",
 }
-_ROUNDING = {"floor": "tl.floor({})", "ceil": "tl.ceil({})", "trunc": "libdevice.trunc({})",
-             "round": "libdevice.nearbyint({})"}
+TANH_HELPER = ("@triton.jit\ndef _kiln_tanh(x):\n"
+               "    # tanh from exp(-2|x|): no overflow, no external library\n"
+               "    t = tl.exp(-2.0 * tl.abs(x))\n"
+               "    r = (1.0 - t) / (1.0 + t)\n"
+               "    return tl.where(x < 0, -r, r)\n")
+_ROUNDING = {"floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
+             "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+             "round": "_kiln_round({0})"}
+ROUND_HELPER = ("@triton.jit\ndef _kiln_round(x):\n"
+                "    # round half to even, as torch.round\n"
+                "    r = tl.floor(x + 0.5)\n"
+                "    return tl.where((r - x == 0.5) & (r % 2 != 0), r - 1.0, r)\n")
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
@@ -79,7 +95,8 @@ _COPIES = frozenset({"_to_copy", "convert_element_type", "clone", "alias", "deta
                      "lift_fresh_copy", "_conj", "resolve_conj", "resolve_neg"})
 _GENERATORS = frozenset({"full", "full_like", "scalar_tensor", "zeros", "ones", "zeros_like",
                          "ones_like", "empty_like", "empty", "new_zeros", "new_ones", "new_full",
-                         "new_empty", "fill", "empty_strided", "empty_permuted", "arange", "iota"})
+                         "new_empty", "fill", "empty_strided", "empty_permuted", "arange", "iota",
+                         "new_empty_strided"})
 
 
 def _trunc_div(a: str, b: str) -> str:
@@ -101,6 +118,14 @@ def _max_min(name: str, a: str, b: str, dtype: torch.dtype) -> str:
     return f"tl.where({a} != {a}, {a}, tl.where({b} != {b}, {b}, {fn}({a}, {b})))"
 
 
+def _float_pow(x: str, e: str) -> str:
+    """x ** e from exp2/log2; negative bases take the sign of odd integer exponents."""
+    mag = f"tl.exp2({e} * tl.log2(tl.abs({x})))"
+    odd = f"(tl.floor({e}) == {e}) & (tl.floor({e} * 0.5) != {e} * 0.5)"
+    neg = f"tl.where(tl.floor({e}) == {e}, tl.where({odd}, -{mag}, {mag}), float(\"nan\"))"
+    return f"tl.where({e} == 0, 1.0, tl.where({x} < 0, {neg}, {mag}))"
+
+
 def _pow(a: Var, e: object, cd: torch.dtype) -> str:
     x = cast(a, cd)
     if isinstance(e, (int, float)) and not isinstance(e, bool):
@@ -119,11 +144,11 @@ def _pow(a: Var, e: object, cd: torch.dtype) -> str:
         if e == -1 and cd.is_floating_point:
             return f"1.0 / {x}"
         if cd.is_floating_point:
-            return f"libdevice.pow({x}, {literal(e, cd)})"
+            return _float_pow(x, literal(e, cd))
         if isinstance(e, int) and 0 < e <= 8:
             return " * ".join([x] * e)
     if isinstance(e, Var) and cd.is_floating_point:
-        return f"libdevice.pow({x}, {cast(e, cd)})"
+        return _float_pow(x, cast(e, cd))
     raise Unsupported(f"pow with exponent {e!r} on {cd}")
 
 
@@ -150,13 +175,17 @@ def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
     if name in _UNARY_FLOAT:
         if not cd.is_floating_point:
             raise Unsupported(f"{name} producing {out}")
+        if name == "tanh":
+            w.helpers.add(TANH_HELPER)
         return _UNARY_FLOAT[name].format(c(0))
     if name in _ROUNDING:
         if "decimals" in kw or len(args) > 1:
             raise Unsupported("round with decimals")
+        if name == "round":
+            w.helpers.add(ROUND_HELPER)
         return _ROUNDING[name].format(c(0)) if cd.is_floating_point else c(0)
     if name == "frac":
-        return f"{c(0)} - libdevice.trunc({c(0)})"
+        return f"{c(0)} - {_ROUNDING['trunc'].format(c(0))}"
     if name in ("add", "sub", "rsub"):
         alpha = kw.get("alpha", 1)
         a, b = (c(1), c(0)) if name == "rsub" else (c(0), c(1))
@@ -174,8 +203,8 @@ def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
         common = promote(ops)
         a, b = cast(args[0], common), cast(args[1], common)
         if common.is_floating_point:
-            fn = "tl.floor" if mode == "floor" else "libdevice.trunc"
-            return f"{fn}({a} / {paren(b)})"
+            q = w.tmp(f"{a} / {paren(b)}")
+            return f"tl.floor({q})" if mode == "floor" else _ROUNDING["trunc"].format(q)
         return (_floor_div if mode == "floor" else _trunc_div)(a, b)
     if name == "floor_divide":
         if cd.is_floating_point:
@@ -189,7 +218,8 @@ def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
     if name == "fmod":
         a, b = c(0), c(1)
         if cd.is_floating_point:
-            return f"libdevice.fmod({a}, {b})"
+            q = w.tmp(f"{a} / {paren(b)}")
+            return f"{a} - {paren(_ROUNDING['trunc'].format(q))} * {paren(b)}"
         return f"{a} - ({_trunc_div(a, b)}) * {paren(b)}"
     if name == "pow":
         if isinstance(args[0], Var):
@@ -198,10 +228,8 @@ def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
         if isinstance(base, (int, float)) and cd.is_floating_point:
             if base == 2:
                 return f"tl.exp2({c(1)})"
-            return f"libdevice.pow({literal(base, cd)}, {c(1)})"
+            return _float_pow(literal(base, cd), c(1))
         raise Unsupported("pow")
-    if name == "atan2":
-        return f"libdevice.atan2({c(0)}, {c(1)})"
     if name in ("maximum", "minimum", "fmax", "fmin"):
         return _max_min(name, c(0), c(1), cd)
     if name in ("clamp", "clamp_min", "clamp_max", "hardtanh"):
@@ -243,7 +271,8 @@ def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
         x = c(0)
         if kw.get("approximate", "none") == "tanh":
             inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
-            return f"0.5 * {x} * (1.0 + libdevice.tanh({inner}))"
+            w.helpers.add(TANH_HELPER)
+            return f"0.5 * {x} * (1.0 + _kiln_tanh({inner}))"
         return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
     if name == "gelu_backward":
         if kw.get("approximate", "none") != "none":
@@ -270,10 +299,11 @@ def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
         beta, threshold = (list(args[1:]) + [1.0, 20.0])[:2]
         x = c(0)
         return (f"tl.where({x} * {literal(beta, cd)} > {literal(threshold, cd)}, {x}, "
-                f"libdevice.log1p(tl.exp({x} * {literal(beta, cd)})) / {literal(beta, cd)})")
+                f"tl.log(1.0 + tl.exp({x} * {literal(beta, cd)})) / {literal(beta, cd)})")
     if name == "mish":
         x = c(0)
-        return f"{x} * libdevice.tanh(tl.where({x} > 20.0, {x}, libdevice.log1p(tl.exp({x}))))"
+        w.helpers.add(TANH_HELPER)
+        return f"{x} * _kiln_tanh(tl.where({x} > 20.0, {x}, tl.log(1.0 + tl.exp({x}))))"
     if name == "hardsigmoid":
         x = c(0)
         return f"tl.minimum(tl.maximum({x} / 6.0 + 0.5, 0.0), 1.0)"
@@ -316,7 +346,7 @@ def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
             "isfinite": f"tl.abs({x}) < float(\"inf\")",
             "isneginf": f"{x} == float(\"-inf\")",
             "isposinf": f"{x} == float(\"inf\")",
-            "signbit": f"libdevice.signbit({x}) != 0",
+            "signbit": f"({x} < 0) | (({x} == 0) & (1.0 / {x} < 0))",
         }[name]
     if name == "nan_to_num":
         if not cd.is_floating_point:
@@ -375,9 +405,35 @@ def linear_expr(pos: str, step: object, start: object) -> str:
 # ---- views -----------------------------------------------------------------------------------
 
 
+_SPLITS = frozenset({"split", "split_with_sizes", "unbind"})
+
+
 def is_view(node: fx.Node) -> bool:
-    """True when `node` is a view op that code generation treats as index arithmetic."""
-    return node.op == "call_function" and base_name(node) in VIEWS
+    """True when `node` is a view op that code generation treats as index arithmetic
+    (including `getitem` of a split or unbind)."""
+    if node.op != "call_function" or base_name(node) not in VIEWS:
+        return False
+    if base_name(node) == "getitem":
+        src = node.args[0]
+        return isinstance(src, fx.Node) and src.op == "call_function" and base_name(src) in _SPLITS
+    return True
+
+
+def _split_piece(split: fx.Node, i: int) -> tuple[int, int, int]:
+    """(dim, start, size) of piece i of a split/unbind node."""
+    inp = meta(split.args[0])
+    name = base_name(split)
+    rank = len(inp.shape)
+    if name == "unbind":
+        dim = _norm(split.args[1] if len(split.args) > 1 else 0, rank)
+        return dim, i, 0
+    dim = _norm(split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0), rank)
+    if name == "split_with_sizes":
+        sizes = list(split.args[1])
+    else:
+        step = split.args[1]
+        sizes = [min(step, inp.shape[dim] - s) for s in range(0, inp.shape[dim], step)]
+    return dim, sum(sizes[:i]), sizes[i]
 
 
 def _norm(dim: int, rank: int) -> int:
@@ -388,6 +444,13 @@ def view_source(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
     """(input node, index into it) for the element at `idx` of view `node`."""
     name = base_name(node)
     src = node.args[0]
+    if name == "getitem":
+        dim, start, _ = _split_piece(src, node.args[1])
+        base = src.args[0]
+        if base_name(src) == "unbind":
+            return base, idx[:dim] + (str(start),) + idx[dim:]
+        pos = idx[dim] if not start else (str(start) if idx[dim] == "0" else f"{paren(idx[dim])} + {start}")
+        return base, idx[:dim] + (pos,) + idx[dim + 1:]
     out, inp = meta(node), meta(src)
     if name in ("view", "reshape", "_unsafe_view", "view_as"):
         return src, reshape_index(idx, out.shape, inp.shape)
@@ -509,6 +572,11 @@ def _index_op(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
         cond = " & ".join(conds) or "1"
         v = w.value(src, tuple(sub), _and(w, mask, cond))
         return f"tl.where({cond}, {cast(Var(v, compute_dtype(inp.dtype)), cd)}, {literal(value or 0, cd)})"
+    if name == "flip":
+        dims = {_norm(d, len(out.shape)) for d in args[1]}
+        sub = tuple(f"{out.shape[d] - 1} - {paren(e)}" if d in dims and out.shape[d] > 1 else e
+                    for d, e in enumerate(idx))
+        return cast(Var(w.value(args[0], sub, mask), cd), cd)
     if name in ("slice_scatter", "select_scatter"):
         base, src = args[0], args[1]
         dim = _norm(args[2] if len(args) > 2 else 0, len(out.shape))
@@ -537,7 +605,7 @@ def _index_op(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
 
 
 _INDEX_OPS = frozenset({"gather", "index_select", "embedding", "index", "cat", "constant_pad_nd",
-                        "slice_scatter", "select_scatter"})
+                        "slice_scatter", "select_scatter", "flip"})
 
 
 def evaluate(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:

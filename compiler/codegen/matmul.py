@@ -79,8 +79,8 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
     w.push()
     w.emit("ka = k0 + tl.arange(0, BLOCK_K)[None, :]")
     w.emit("kb = k0 + tl.arange(0, BLOCK_K)[:, None]")
-    a_buf, a_off = w.address(a, lead + ("rm", "ka"))
-    b_buf, b_off = w.address(b, lead + ("kb", "rn"))
+    a_buf, a_off = w.address(a, lead + ("rm", "ka"), block=True)
+    b_buf, b_off = w.address(b, lead + ("kb", "rn"), block=True)
     w.emit(f"a = tl.load({w.in_param(a_buf)} + ({a_off}), (rm < M) & (ka < K), other=0.0)")
     w.emit(f"b = tl.load({w.in_param(b_buf)} + ({b_off}), (kb < K) & (rn < N), other=0.0)")
     precision = ', input_precision="ieee"' if out.dtype == torch.float32 else ""
@@ -102,5 +102,5 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
             from compiler.codegen.common import NotFusible
 
             raise NotFusible(f"{node.name} is not the matmul's shape")
-        store(w, node, natural, w.value(node, natural, "mmask"), "mmask")
+        store(w, node, natural, w.value(node, natural, "mmask"), "mmask", block=True)
     return assemble(w, group.name, comment, ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"])

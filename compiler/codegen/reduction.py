@@ -179,7 +179,7 @@ class _Reducer:
             expr = f"tl.min(tl.where({values} == {best}, {indices}, rnumel), 1)[:, None]"
         var = w.tmp(expr, prefix=f"red{self.k}_")
         if op == "mean":
-            var = w.tmp(f"{var} / {literal(max(info.domain.rnumel, 1), self.dtype)}" if
+            var = w.tmp(f"{var} / {literal(info.domain.rnumel, self.dtype)}" if
                         self.dtype.is_floating_point else f"{var} // {max(info.domain.rnumel, 1)}")
         if op in ("any", "all"):
             var = w.tmp(f"{var} != 0")

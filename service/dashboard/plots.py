@@ -7,9 +7,11 @@ no date metadata) so the same data renders the same bytes.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +22,7 @@ matplotlib.use("Agg")  # never open a window; must precede any figure creation
 from markupsafe import Markup  # noqa: E402
 from matplotlib import dates as mdates  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
 
 # Text stays text in the SVG (searchable, accessible), `$` in a label is never mathtext.
 _RC = {
@@ -32,7 +35,20 @@ _RC = {
 _HATCHES = ["", "//", "..", "xx", "\\\\", "++", "oo", "--"]
 # Colours from the colour-blind-safe Okabe-Ito palette; shape and hatch carry the meaning too.
 _COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+_SPEEDUP_TICKS = [0.001, 0.01, 0.1, 0.25, 0.5, 1, 2, 4, 10, 100, 1000]
 _XML_HEADER = re.compile(r"^.*?(<svg\b)", re.S)
+
+
+# rcParams are process-global and pages render in a thread pool: one plot at a time.
+_RENDER_LOCK = threading.RLock()
+
+
+def _serialized(fn: Callable[..., Markup]) -> Callable[..., Markup]:
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Markup:
+        with _RENDER_LOCK:
+            return fn(*args, **kwargs)
+    return locked
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -92,6 +108,7 @@ def _hbar(
     return _svg(fig, title, salt)
 
 
+@_serialized
 def counts_plot(counts: Mapping[str, int], title: str, salt: str, xlabel: str = "count") -> Markup:
     """Horizontal bars, one per key, each with its own hatch and its count written beside it."""
     if not counts:
@@ -99,6 +116,7 @@ def counts_plot(counts: Mapping[str, int], title: str, salt: str, xlabel: str = 
     return _hbar(list(counts), [float(v) for v in counts.values()], title, xlabel, salt)
 
 
+@_serialized
 def hit_rate_plot(series: Sequence[Mapping[str, Any]], salt: str = "hitrate") -> Markup:
     """Hit rate (%) per time bucket as a line with round markers; lookups as labelled bars."""
     title = "Cache hit rate over time"
@@ -114,13 +132,16 @@ def hit_rate_plot(series: Sequence[Mapping[str, Any]], salt: str = "hitrate") ->
         # The rate line is drawn over the lookup bars of the twin axes.
         ax.set_zorder(lookups.get_zorder() + 1)
         ax.patch.set_visible(False)
-        lookups.bar(times, [h + m for _, h, m in points], width=_bucket_width(times),
+        width = _bucket_width(times)
+        lookups.bar(times, [h + m for _, h, m in points], width=width,
                     color="none", edgecolor="grey", hatch="//", label="lookups (right axis)")
         lookups.set_ylabel("lookups")
         lookups.spines["top"].set_visible(False)
         ax.plot(times, rates, marker="o", color=_COLOURS[0], label="hit rate % (left axis)")
         ax.set_ylim(0, 105)
         ax.set_ylabel("hit rate %")
+        if len(times) == 1:  # one bucket: show the minutes around it, not a day-wide bar
+            ax.set_xlim(mdates.date2num(times[0]) - 5 * width, mdates.date2num(times[0]) + 5 * width)
         locator = mdates.AutoDateLocator()
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
@@ -131,29 +152,41 @@ def hit_rate_plot(series: Sequence[Mapping[str, Any]], salt: str = "hitrate") ->
 
 
 def _bucket_width(times: Sequence[datetime]) -> float:
-    """Bar width in days (matplotlib's date unit): 80% of the smallest gap between buckets."""
+    """Bar width in days (matplotlib's date unit): 80% of the smallest gap between buckets,
+    or of a minute (the stats bucket) when there is a single one."""
     gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False) if b > a]
-    return 0.8 * (min(gaps) if gaps else 3600.0) / 86400.0
+    return 0.8 * (min(gaps) if gaps else 60.0) / 86400.0
 
 
+@_serialized
 def speedup_plot(speedups: Iterable[float], salt: str = "speedups") -> Markup:
     """Histogram of tuned entries' speedups over eager, with the 1x line marked."""
     title = "Speedup of tuned schedules over eager"
     values = [float(s) for s in speedups if s is not None]
     if not values:
         return _empty(title, "no tuned entries yet", salt)
+    # Log-spaced bins on a log axis: 0.5x and 2x sit symmetrically around the 1x line.
+    low, high = min([*values, 0.5]) / 1.25, max([*values, 2.0]) * 1.25
+    bins = [low * (high / low) ** (i / 16) for i in range(17)]
     with matplotlib.rc_context(_RC):
         fig = _figure(5.0, 2.2)
         ax = fig.add_subplot()
-        ax.hist(values, bins=min(20, max(len(values), 1)), color=_COLOURS[2] + "55",
-                edgecolor="black", hatch="..")
+        ax.hist(values, bins=bins, color=_COLOURS[2] + "55", edgecolor="black", hatch="..")
+        ax.set_xscale("log")
+        # Plain "0.5x" tick labels (log axes default to mathtext, which is off here).
+        ticks = [t for t in _SPEEDUP_TICKS if low <= t <= high]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.axvline(1.0, linestyle="--", color="black")
         ax.text(1.0, 1.0, " 1x", transform=ax.get_xaxis_transform(), va="top")
-        ax.set_xlabel("speedup over eager (x, higher is better)")
+        ax.set_xlabel("speedup over eager (x, log scale, higher is better)")
         ax.set_ylabel("entries")
+        ax.yaxis.get_major_locator().set_params(integer=True)
     return _svg(fig, title, salt)
 
 
+@_serialized
 def timings_plot(eager_ms: float | None, heuristic_ms: float | None, tuned_ms: float | None,
                  salt: str = "timings") -> Markup:
     """Eager, heuristic and tuned time of one entry as hatched, labelled bars."""
@@ -173,8 +206,10 @@ def config_label(config: Mapping[str, Any] | None, variant: str | None = None) -
     return " ".join(([variant] if variant else []) + parts)
 
 
+@_serialized
 def candidate_plot(kernel: str, measurements: Sequence[Mapping[str, Any]],
-                   chosen: Mapping[str, Any] | None, salt: str) -> Markup:
+                   chosen: Mapping[str, Any] | None, salt: str,
+                   chosen_variant: str | None = None) -> Markup:
     """Every measured candidate of one kernel: time per config, failures marked and labelled.
 
     Verified candidates are circles, candidates that ran but gave wrong results are
@@ -185,7 +220,8 @@ def candidate_plot(kernel: str, measurements: Sequence[Mapping[str, Any]],
     rows = list(measurements)
     if not rows:
         return _empty(title, "no candidates measured", salt)
-    timed = [r["ms"] for r in rows if r.get("ms") is not None]
+    timed = [r["ms"] for r in rows if r.get("ms") is not None and not r.get("error")]
+    failures = len(rows) - len(timed)
     top = max(timed) if timed else 1.0
     fail_y = top * 1.25
     chosen_label = config_label(chosen) if chosen is not None else None
@@ -210,18 +246,19 @@ def candidate_plot(kernel: str, measurements: Sequence[Mapping[str, Any]],
                 mark(i, ms, {"marker": "o", "facecolors": "none", "edgecolors": _COLOURS[0],
                              "s": 30}, "verified")
             if chosen_label is not None and config_label(row.get("config")) == chosen_label \
+                    and row.get("variant") in (None, chosen_variant or row.get("variant")) \
                     and ms is not None and not error:
                 mark(i, ms, {"marker": "*", "color": "black", "s": 140, "zorder": 3}, "chosen")
                 ax.annotate("chosen", (i, ms), xytext=(6, -10), textcoords="offset points")
         if not timed:
             ax.set_yticks([])
-        ax.set_ylim(0, fail_y * 1.45)
+        ax.set_ylim(0, fail_y * 1.45 if failures else top * 1.15)
         ax.set_ylabel("ms (lower is better)")
         ax.set_xlabel("candidate # (configs listed in the table below)")
         ax.set_xticks(range(len(rows)))
         if len(rows) > 24:
             ax.tick_params(axis="x", labelsize=6)
-        if timed:
+        if timed and failures:  # separates timed candidates from the failures drawn above
             ax.axhline(fail_y * 0.92, color="grey", linewidth=0.5, linestyle=":")
         ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncols=4, frameon=False, fontsize=8)
     return _svg(fig, title, salt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -29,6 +30,7 @@ _STATIC = {name: _HERE / "static" / name for name in ("dashboard.css", "dashboar
 _MEDIA = {".css": "text/css", ".js": "text/javascript"}
 _KEY_CHARS = frozenset("0123456789abcdef")
 JOB_STATUSES = ("queued", "running", "done", "failed")
+_THROTTLE_LOCK = threading.Lock()
 
 templates = Jinja2Templates(directory=str(_HERE / "templates"))
 templates.env.globals.update(
@@ -37,6 +39,7 @@ templates.env.globals.update(
 )
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
+
 
 def _login_redirect(request: Request, target: str | None = None) -> RedirectResponse:
     if target is None:
@@ -59,7 +62,7 @@ def _render(request: Request, name: str, context: dict[str, Any], status: int = 
     csrf = security.csrf_token(request)
     response = templates.TemplateResponse(
         request, name, {"csrf": csrf, "logged_in": logged_in, **context}, status_code=status)
-    response.headers["Cache-Control"] = "no-store"
+    response.headers.update(security.PAGE_HEADERS)
     security.ensure_csrf_cookie(response, request)
     return response
 
@@ -85,6 +88,15 @@ def login_form(request: Request, next: str | None = None) -> Response:
                    logged_in=False)
 
 
+def _throttle(request: Request) -> security.LoginThrottle:
+    """The app's login throttle, made on first use (one per app, shared by its threads)."""
+    state = request.app.state
+    with _THROTTLE_LOCK:
+        if getattr(state, "kiln_login_throttle", None) is None:
+            state.kiln_login_throttle = security.LoginThrottle()
+        return state.kiln_login_throttle
+
+
 @router.post("/login", response_class=HTMLResponse)
 def login(request: Request, token: Annotated[str, Form()] = "",
           csrf_token: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "") -> Response:
@@ -93,6 +105,15 @@ def login(request: Request, token: Annotated[str, Form()] = "",
     if not security.csrf_valid(request, csrf_token):
         return _render(request, "login.html", {"next": target, "error":
                        "The form expired; please log in again."}, status=403, logged_in=False)
+    address = request.client.host if request.client else "unknown"
+    throttle = _throttle(request)
+    wait = throttle.blocked_for(address)
+    if wait:
+        response = _render(request, "login.html", {"next": target, "error":
+                           f"Too many failed logins; try again in {wait:.0f} s."},
+                           status=429, logged_in=False)
+        response.headers["Retry-After"] = str(max(1, round(wait)))
+        return response
     token = token.strip()
     if token and len(token) <= 512:
         with deps.transaction(request) as session:
@@ -100,7 +121,8 @@ def login(request: Request, token: Annotated[str, Form()] = "",
     else:
         accepted = False
     if not accepted:
-        log.info("dashboard login refused from %s", request.client.host if request.client else "?")
+        throttle.failed(address)
+        log.info("dashboard login refused from %s", address)
         return _render(request, "login.html", {"next": target, "error":
                        "That is not an admin token."}, status=401, logged_in=False)
     response = RedirectResponse(target, status_code=303)
@@ -112,7 +134,9 @@ def login(request: Request, token: Annotated[str, Form()] = "",
 def logout(request: Request, csrf_token: Annotated[str, Form()] = "") -> Response:
     """Forget the session cookie (CSRF-checked, so no other site can log the operator out)."""
     if not security.csrf_valid(request, csrf_token):
-        raise HTTPException(403, "bad CSRF token")
+        return _render(request, "error.html", {"heading": "Form expired", "message":
+                       "The form's security token did not match; reload the page and try "
+                       "again."}, status=403, logged_in=False)
     response = RedirectResponse("/admin/login", status_code=303)
     security.clear_session_cookie(response, request)
     return response
@@ -187,12 +211,15 @@ def entry(request: Request, key: str, done: str | None = None) -> Response:
         if not _is_admin(request, session):
             return _login_redirect(request)
         detail = admin_queries.entry_detail(session, key) if _valid_key(key) else None
+        # Entries of the same graph for other targets: why a lookup of this graph missed.
+        siblings = admin_queries.list_entries(session, q=detail["graph_hash"], per_page=100,
+                                              sort="created")["items"] if detail else []
     if detail is None:
         return _no_entry(request, key)
     notice = {"invalidate": "Entry invalidated: clients will miss and rebuild it.",
               "retune": "Re-tune queued."}.get(done or "")
     return _render(request, "entry.html", {"nav": "entries", "notice": notice,
-                                           **views.entry_context(detail)})
+                                           **views.entry_context(detail, siblings)})
 
 
 @router.get("/jobs", response_class=HTMLResponse)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hmac
 import secrets
+import threading
+import time
+from collections import deque
 from urllib.parse import urlsplit
 
 from fastapi import Request
@@ -19,6 +22,17 @@ CSRF_COOKIE = "kiln_csrf"
 CSRF_FIELD = "csrf_token"
 # A browser session; the operator logs in again after a day.
 SESSION_MAX_AGE_S = 24 * 3600
+# Defence in depth for every page: only our own script runs, nothing frames the dashboard,
+# forms post only to it, and pages holding data are never cached. Inline styles stay
+# allowed: matplotlib's SVG carries style attributes.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' "
+                               "'unsafe-inline'; img-src 'self' data:; object-src 'none'; "
+                               "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
 
 
 def _secure(request: Request) -> bool:
@@ -79,3 +93,33 @@ def safe_next(target: str | None) -> str:
             or parts.path.startswith("/admin/login") or "\\" in target:
         return "/admin"
     return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+class LoginThrottle:
+    """Refuse logins from an address after `limit` failures within `window_s` seconds, so a
+    weak configured admin token cannot be guessed through the form."""
+
+    def __init__(self, limit: int = 10, window_s: float = 60.0) -> None:
+        self.limit, self.window_s = limit, window_s
+        self._lock = threading.Lock()
+        self._failures: dict[str, deque[float]] = {}
+
+    def blocked_for(self, address: str) -> float:
+        """Seconds until `address` may try again (0 when it may now)."""
+        now = time.monotonic()
+        with self._lock:
+            failures = self._failures.get(address)
+            if not failures:
+                return 0.0
+            while failures and now - failures[0] > self.window_s:
+                failures.popleft()
+            if len(failures) < self.limit:
+                return 0.0
+            return self.window_s - (now - failures[0])
+
+    def failed(self, address: str) -> None:
+        """Record one failed login from `address`."""
+        with self._lock:
+            if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
+                self._failures.clear()
+            self._failures.setdefault(address, deque(maxlen=self.limit)).append(time.monotonic())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,8 +42,10 @@ def overview_context(stats: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def entry_context(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """Kernels with highlighted source and a candidate plot each, from `entry_detail`."""
+def entry_context(entry: Mapping[str, Any],
+                  siblings: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Kernels with highlighted source and a candidate plot each, from `entry_detail`;
+    `siblings` (list items of the same graph) become "same graph, other targets" rows."""
     measured: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in entry.get("measurements") or []:
         measured[row.get("kernel") or "?"].append(row)
@@ -59,7 +61,8 @@ def entry_context(entry: Mapping[str, Any]) -> dict[str, Any]:
             "measurements": [{**r, "config_text": plots.config_label(r.get("config"),
                                                                        r.get("variant"))}
                              for r in rows],
-            "plot": plots.candidate_plot(name, rows, _chosen(kernel, rows), f"cand{index}"),
+            "plot": plots.candidate_plot(name, rows, _chosen(kernel, rows), f"cand{index}",
+                                         chosen_variant=kernel.get("variant")),
         })
     # Measurements for kernels the schedule no longer names (e.g. after a compiler change).
     orphans = [r for rows in measured.values() for r in rows]
@@ -73,7 +76,19 @@ def entry_context(entry: Mapping[str, Any]) -> dict[str, Any]:
         "timings_plot": plots.timings_plot(entry.get("eager_ms"), entry.get("heuristic_ms"),
                                            entry.get("tuned_ms")),
         "jobs": list(entry.get("jobs") or []),
+        "siblings": [{**other, "differs": target_differences(entry.get("target") or {},
+                                                             other.get("target") or {})}
+                     for other in siblings if other.get("key") != entry.get("key")],
     }
+
+
+TARGET_FIELDS = ("device_type", "arch", "name", "torch", "triton", "compiler")
+
+
+def target_differences(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """`name: NVIDIA H200` for each key component where `other` differs from `mine`."""
+    return [f"{field}: {other.get(field)}" for field in TARGET_FIELDS
+            if mine.get(field) != other.get(field)]
 
 
 def _measurement_order(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -125,4 +140,4 @@ def ms(value: float | None) -> str:
 
 def speedup(value: float | None) -> str:
     """`1.42x` or a dash."""
-    return "–" if value is None else f"{value:.2f}x"
+    return "–" if value is None else f"{value:.3g}x"

@@ -43,6 +43,7 @@ def test_corpus_graph_round_trips_and_reserializes_identically(name: str) -> Non
 
     again = to_wire(graph.to_fx(), c.example_inputs)
     assert _canonical_text(again) == _canonical_text(wire)
+    assert to_wire(graph.to_fx(), graph.inputs) == wire  # input descriptions serve as well
 
 
 def test_from_wire_accepts_dict_text_and_bytes() -> None:

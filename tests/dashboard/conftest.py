@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -12,7 +12,6 @@ from service.context import ServiceContext
 from service.migrate import upgrade
 from service.queue import InProcessQueue
 from service.settings import Settings
-from tests.service.helpers import fake_submission
 
 ADMIN_TOKEN = "kiln_dashboard-test-admin-token"
 
@@ -41,11 +40,20 @@ def dash_ctx(dash_settings: Settings) -> Iterator[ServiceContext]:
     ctx.close()
 
 
-def seed_entry(ctx: ServiceContext, tag: str = "seed-mlp", tuning_s: float | None = None,
-               **sub: Any) -> str:
+def fake_submission(tag: str | None = None) -> store.Submission:
+    """A CPU-target submission with made-up hashes (the dashboard only displays them)."""
+    graph_hash, key = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
+    target = {"device_type": "cpu", "arch": "cpu", "name": "cpu", "torch": "2.13",
+              "triton": "3.9.0", "compiler": "1"}
+    return store.Submission(key=key, graph_hash=graph_hash, target=target, queue_class="cpu",
+                            wire='{"format":"kiln.graph/1"}', tag=tag, num_nodes=2,
+                            op_summary={"aten.add.Tensor": 1, "aten.relu.default": 1})
+
+
+def seed_entry(ctx: ServiceContext, tag: str = "seed-mlp", tuning_s: float | None = None) -> str:
     """Store an entry with one kernel, a heuristic schedule and a few measured candidates
     (one failed) through the service's own store functions; returns its key."""
-    submission = fake_submission(tag=tag, **sub)
+    submission = fake_submission(tag=tag)
     kernel = {"name": "fused_add_relu_0", "kind": "pointwise", "variant": "pointwise",
               "config": {"XBLOCK": 128, "num_warps": 4, "num_stages": 1},
               "nodes": ["n0", "n1"], "ops": ["aten.add.Tensor", "aten.relu.default"],

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from service import auth
 from service.api.app import create_app
 from service.context import ServiceContext
+from service.models import TokenRow
 from tests.dashboard.conftest import ADMIN_TOKEN, seed_entry
 
 pytestmark = pytest.mark.services
@@ -175,3 +177,43 @@ def test_entries_are_paged(app_ctx) -> None:
     second = client.get(link.group(1).replace("&amp;", "&"))
     assert second.status_code == 200 and "page 2 of 2" in second.text
     assert second.text.count('<tr>') - 1 == 1  # the 11th entry, below the header row
+
+
+def test_a_revoked_admin_token_loses_the_dashboard_at_once(app_ctx) -> None:
+    client, ctx, key = app_ctx
+    with ctx.transaction() as session:
+        token = auth.create_token(session, "admin")
+    _login(client, token=token)
+    assert client.get(f"/admin/entries/{key}").status_code == 200
+    with ctx.transaction() as session:
+        session.execute(update(TokenRow).where(TokenRow.token_hash == auth.hash_token(token))
+                        .values(revoked=True))
+    response = client.get(f"/admin/entries/{key}")
+    assert response.status_code == 303 and key[:12] not in response.text
+
+
+def test_retune_from_the_entry_page_queues_a_job(app_ctx) -> None:
+    client, _, key = app_ctx
+    _login(client)
+    page = client.get(f"/admin/entries/{key}")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+    response = client.post(f"/admin/entries/{key}/retune",
+                           data={"csrf_token": csrf, "confirmed": "yes"})
+    assert response.status_code == 303
+    assert client.get(response.headers["location"]).text.count("Re-tune queued") == 1
+    jobs = client.get("/v1/admin/jobs").json()["items"]
+    (job,) = [j for j in jobs if j["key"] == key]
+    assert job["status"] == "queued"
+    assert any("re-tune requested" in (h.get("message") or "") for h in job["history"])
+
+
+def test_repeated_wrong_logins_are_throttled(app_ctx) -> None:
+    from service.dashboard.security import LoginThrottle
+
+    client, _, _ = app_ctx
+    client.app.state.kiln_login_throttle = LoginThrottle(limit=3, window_s=60)
+    assert [_login(client, token="kiln_guess").status_code for _ in range(3)] == [401] * 3
+    response = _login(client)  # even the right token waits out the lockout
+    assert response.status_code == 429 and int(response.headers["retry-after"]) >= 1
+    assert "kiln_admin" not in response.headers.get("set-cookie", "")

@@ -55,12 +55,21 @@ def live(dash_settings: Settings) -> Iterator[LiveService]:
 
 
 def _populate(live: LiveService) -> tuple[str, str]:
-    """A tuned entry (real build + real tuning) and a heuristic one, some hits and misses."""
+    """A tuned entry (real build + real tuning), heuristic ones, hits and misses of each kind."""
+    import compiler
+
     torch.manual_seed(0)
-    tuned = live.submit(lambda x, r: torch.softmax(x * 0.125, -1) + r,
-                        [torch.randn(8, 32), torch.randn(8, 32)], tag="softmax-demo")
+    softmax = (lambda x, r: torch.softmax(x * 0.125, -1) + r,
+               [torch.randn(8, 32), torch.randn(8, 32)])
+    tuned = live.submit(*softmax, tag="softmax-demo")
     heuristic = live.submit(lambda x, y: torch.relu(x + y) * 2.0,
                             [torch.randn(16, 16), torch.randn(16, 16)], tag="mlp-demo")
+    # The same graph for another GPU and for other library versions: misses with a reason.
+    live.submit(*softmax, tag="softmax-demo",
+                target=compiler.Target.named("sm_90", name="NVIDIA H200").to_json())
+    live.submit(*softmax, tag="softmax-demo",
+                target={**compiler.Target.detect("cpu").to_json(), "torch": "2.11",
+                        "triton": "3.6.0"})
     live.start_worker(device="cpu")
     live.wait_status(tuned["key"], "heuristic", 60)
     live.send_to_tuning(tuned["key"])
@@ -77,11 +86,14 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     tuned_key, heuristic_key = _populate(live)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
+    console_errors: list[str] = []  # JS errors and Content-Security-Policy violations
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: console_errors.append(str(exc)))
 
     # Without the cookie every page sends the browser to the login form.
     page.goto(f"{live.url}/admin/entries/{tuned_key}")
     assert page.url.startswith(f"{live.url}/admin/login")
-    assert tuned_key[:12] not in page.content()
+    assert "softmax-demo" not in page.content() and "@triton.jit" not in page.content()
     page.fill("#token", ADMIN_TOKEN)
     page.click("button[type=submit]")
     page.wait_for_url(f"{live.url}/admin/entries/{tuned_key}")
@@ -96,6 +108,8 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     assert "tuned: 1" in page.locator("#plot-status figcaption").inner_text()
     page.wait_for_timeout(1200)  # the API flushes hit counters once a second
     page.reload()
+    misses = page.locator("#plot-misses").inner_text()
+    assert "other GPU" in misses and "other triton/torch" in misses
     page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
 
     # Entries: search by key prefix, open the tuned entry.
@@ -119,6 +133,8 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     measured = page.locator(".kernel details.measurements tbody tr")
     assert measured.count() >= 1
     assert page.locator("#op-summary").inner_text().count("aten.") >= 2
+    siblings = page.locator("#siblings").inner_text()  # why other targets' lookups missed
+    assert "name: NVIDIA H200" in siblings and "triton: 3.6.0" in siblings
     page.screenshot(path=str(tmp_path / "entry.png"), full_page=True)
 
     # Invalidate, confirming the browser's dialog; the API then answers 404 invalidated.
@@ -131,12 +147,15 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     code, _ = live.schedule_status(heuristic_key)
     assert code == 200
 
+    assert console_errors == []
+
     # A second browser without the cookie still sees no data, page or API.
     stranger = browser.new_context().new_page()
     stranger.goto(f"{live.url}/admin")
     assert stranger.url.startswith(f"{live.url}/admin/login")
+    assert "softmax-demo" not in stranger.content()
     api = stranger.goto(f"{live.url}/v1/admin/entries")
-    assert api is not None and api.status == 401 and tuned_key not in stranger.content()
+    assert api is not None and api.status == 401 and "softmax-demo" not in stranger.content()
 
     for name in ("overview.png", "entry.png"):
         assert (tmp_path / name).stat().st_size > 20_000  # a rendered page, not a blank one

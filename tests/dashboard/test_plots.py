@@ -81,3 +81,10 @@ def test_entry_context_highlights_source_and_groups_measurements_by_kernel() -> 
     assert len(ctx["orphan_measurements"]) == 1
     assert ctx["op_summary"][0] == ("aten.add.Tensor", 2)
     assert "chosen" in _texts(str(kernel["plot"]))
+
+
+def test_only_the_chosen_variant_is_starred() -> None:
+    rows = [{"kernel": "k", "variant": v, "config": {"XBLOCK": 8}, "ms": ms, "error": None,
+             "verified": True} for v, ms in (("looped", 2.0), ("persistent", 1.0))]
+    svg = str(plots.candidate_plot("k", rows, {"XBLOCK": 8}, "v", chosen_variant="persistent"))
+    assert _texts(svg).count("chosen") == 2  # the legend entry and one label, not two labels

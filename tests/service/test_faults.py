@@ -125,3 +125,32 @@ def test_postgres_stopped_answers_503_and_recovers(
         assert stats["entries_by_status"]["heuristic"] == 2
     finally:
         pg.close()
+
+
+def test_sigterm_finishes_the_job_in_hand_and_a_second_gives_it_back(
+        tmp_path: Path, postgres_url: str, redis_url: str, redis_prefix: str, procs: list) -> None:
+    import time
+
+    upgrade(postgres_url)
+    env = _env(postgres_url, redis_url, redis_prefix)
+    api, url = start_api(tmp_path, free_port(), **env)
+    procs.append(api)
+    polite = start_worker(tmp_path, "polite", delay=2, **env)
+    procs.append(polite)
+    first = _post_until_accepted(url, wire_body(CASES[0]))["job_id"]
+    wait_for(lambda: _job(url, first)["status"] == "running", 30, polite.log)
+    polite.popen.send_signal(signal.SIGTERM)
+    assert polite.popen.wait(30) == 0
+    assert _job(url, first)["status"] == "done"
+
+    hurried = start_worker(tmp_path, "hurried", delay=60, **env)
+    procs.append(hurried)
+    second = _post_until_accepted(url, wire_body(CASES[1]))["job_id"]
+    wait_for(lambda: _job(url, second)["status"] == "running", 30, hurried.log)
+    hurried.popen.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    hurried.popen.send_signal(signal.SIGTERM)
+    assert hurried.popen.wait(30) == 0
+    job = _job(url, second)
+    assert job["status"] == "queued" and job["attempts"] == 0, job
+    assert job["history"][-1]["message"] == "worker stopped; job given back"

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import time
 from typing import Any
 
 from service.context import ServiceContext
 from service.pipeline import Outcome
 from service.settings import Settings
-from service.worker import Worker
+from service.worker import Worker, install_signal_handlers
 
 
 def main() -> None:
@@ -31,7 +30,7 @@ def main() -> None:
 
     ctx = ServiceContext(Settings.from_env())
     worker = Worker(ctx, build=build, block_s=0.2)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    install_signal_handlers(worker)  # the same handling as `kiln worker`
     worker.run()
 
 

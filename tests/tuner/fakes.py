@@ -36,3 +36,23 @@ class FakeRunner:
 
 def crash_on_big_xblock(cand: Candidate) -> str | None:
     return f"{CRASH}: child died" if cand.config.get("XBLOCK", 0) >= 2048 else None
+
+
+class FakeGraphRunner(FakeRunner):
+    """A FakeRunner that also answers the graph-level requests `tune()` makes."""
+
+    def __init__(self, cost: Callable[[Candidate], float], **kw) -> None:
+        super().__init__(cost, **kw)
+        self.loaded: dict | None = None
+
+    def load(self, graph_json: dict, schedule_json: dict, seed: int = 0) -> None:
+        self.loaded = schedule_json
+
+    def time_graph(self, schedule_json: dict | None, fidelity: float = 1.0) -> dict:
+        if schedule_json is None:
+            return {"ms": 10.0, "error": None}
+        total = sum(
+            self.cost(Candidate.make(k["name"], k["variant"], k["config"]))
+            for k in schedule_json["kernels"]
+        )
+        return {"ms": total, "error": None}

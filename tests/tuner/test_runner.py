@@ -72,3 +72,19 @@ def test_wrong_or_unbuildable_candidates_are_recorded(tiny: tuple[dict, dict]) -
         assert m.reason == "build_error" and not m.verified
         eager = runner.time_graph(None)
         assert eager["error"] is None and eager["ms"] > 0
+
+
+def test_parallel_compile_workers_report_unbuildable_candidates_first(
+    tiny: tuple[dict, dict],
+) -> None:
+    graph, schedule = tiny
+    kernel = schedule["kernels"][0]
+    bogus = Candidate.make(kernel["name"], "no_such_variant", kernel["config"])
+    with Runner("cpu", timeout_s=120, compile_workers=1) as runner:
+        runner.load(graph, schedule)
+        runner.prepare([bogus, _heuristic(schedule)])
+        assert runner.builder.prepared == {bogus, _heuristic(schedule)}
+        assert runner.builder.verdicts[bogus].startswith("build_error")
+        bad, good = runner.measure([bogus, _heuristic(schedule)])
+        assert bad.reason == "build_error"
+        assert good.ok, good.error

@@ -1,0 +1,103 @@
+"""Op coverage: `python -m compiler.coverage` prints, for the test corpus and the BENCH.md
+suite, how many aten nodes ran in Triton kernels and how many as ATen calls, by op."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+from torch import fx
+
+from compiler.frontend import lower_graph
+from compiler.ir import ExternStep, Program, ViewStep
+
+WHERE = ("triton", "aten", "view", "removed")
+
+
+def node_placement(program: Program) -> dict[str, str]:
+    """Input-graph node name -> where it ended: triton | aten | view | removed."""
+    placed: dict[str, str] = {}
+    for step in program.steps:
+        if isinstance(step, ExternStep):
+            origin = program.origins.get(step.node.name, step.node.name)
+            placed.setdefault(origin, "aten")
+        elif isinstance(step, ViewStep):
+            placed.setdefault(program.origins.get(step.node.name, step.node.name), "view")
+        else:
+            for name in program.origin_names(step.members + step.inlined):
+                placed[name] = "triton"
+    return {name: placed.get(name, "removed") for name in program.original_ops}
+
+
+def count(program: Program) -> Counter[tuple[str, str]]:
+    """(op name, placement) counts of one lowered graph."""
+    ops = program.original_ops
+    return Counter((ops[name], where) for name, where in node_placement(program).items())
+
+
+def _graphs(suites: list[str]) -> Iterator[tuple[str, fx.GraphModule, list[torch.Tensor]]]:
+    from compiler.tracing import trace_inference, trace_training
+
+    if "corpus" in suites:
+        try:
+            from tests.corpus import corpus
+        except ImportError:
+            print("tests.corpus not importable (run from the repository root); skipping corpus",
+                  file=sys.stderr)
+        else:
+            for case in corpus():
+                yield f"corpus/{case.name}", case.gm, case.example_inputs
+    if "bench" in suites:
+        from compiler.benchcases import cases
+
+        for case in cases(small=True):
+            torch.manual_seed(0)
+            module, inputs = case.make(torch.device("cpu"))
+            if case.train:
+                for p in module.parameters():
+                    p.requires_grad_(True)
+                fwd, bwd, fi, bi = trace_training(module, inputs)
+                yield f"bench/{case.name}.fwd", fwd, fi
+                yield f"bench/{case.name}.bwd", bwd, bi
+            else:
+                gm, gi = trace_inference(module.eval(), inputs)
+                yield f"bench/{case.name}", gm, gi
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the coverage table; exit status 1 if a pointwise/reduction/matmul op fell back."""
+    from compiler import ops
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--suites", default="corpus,bench", help="comma list: corpus,bench")
+    args = parser.parse_args(argv)
+    total: Counter[tuple[str, str]] = Counter()
+    for name, gm, inputs in _graphs(args.suites.split(",")):
+        program, _ = lower_graph(gm, inputs)
+        c = count(program)
+        total += c
+        triton = sum(v for (op, w), v in c.items() if w == "triton")
+        aten = sum(v for (op, w), v in c.items() if w == "aten")
+        print(f"{name:<34} triton {triton:4d}  aten {aten:3d}")
+    print()
+    print(f"{'op':<48} " + " ".join(f"{w:>7}" for w in WHERE))
+    bad = []
+    for op in sorted({op for op, _ in total}):
+        row = [total[(op, w)] for w in WHERE]
+        print(f"{op:<48} " + " ".join(f"{v:7d}" for v in row))
+        base = op.split(".")[1] if op.count(".") >= 2 else op
+        if total[(op, "aten")] and base in ops.POINTWISE | ops.REDUCTIONS | ops.MATMULS:
+            bad.append(op)
+    sums = [sum(v for (_, w), v in total.items() if w == where) for where in WHERE]
+    print(f"{'total':<48} " + " ".join(f"{v:7d}" for v in sums))
+    if bad:
+        print(f"\npointwise/reduction/matmul ops run as ATen calls: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Fusion decisions: kernel counts and kinds for the patterns the issue names."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import compiler
+from tests.compiler.oputil import check, rand, trace
+
+
+def _kinds(built: compiler.Built) -> list[str]:
+    return [f"{k.kind}:{k.variant}" for k in built.kernels]
+
+
+def test_pointwise_chain_is_one_kernel() -> None:
+    built = check(lambda x, y: torch.tanh(x * 2 + y).sigmoid() - y.t().t(), rand((7, 9), seed=1),
+                  rand((7, 9), seed=2))
+    assert _kinds(built) == ["pointwise:pointwise"]
+
+
+def test_two_outputs_of_one_shape_share_a_kernel() -> None:
+    built = check(lambda x: (x.exp(), x.sin() + 1), rand((5, 6), seed=3))
+    assert len(built.kernels) == 1
+
+
+def test_layer_norm_gelu_residual_is_one_reduction_kernel() -> None:
+    w, b = rand((48,), seed=4), rand((48,), seed=5)
+    built = check(lambda x, r: F.gelu(F.layer_norm(x, (48,), w, b)) + r, rand((6, 48), seed=6),
+                  rand((6, 48), seed=7))
+    assert _kinds(built) == ["reduction:persistent"]
+
+
+def test_wide_softmax_reads_its_input_in_an_online_pass() -> None:
+    built = check(lambda x: torch.softmax(x, -1), rand((2, 5000), seed=8))
+    assert _kinds(built) == ["reduction:online"]
+    assert built.kernels[0].source.count("tl.load(") == 2  # one online pass, one output pass
+
+
+def test_matmul_epilogues_fuse() -> None:
+    x, w, b, r = rand((16, 32), seed=9), rand((24, 32), seed=10), rand((24,), seed=11), rand((16, 24), seed=12)
+    built = check(lambda x, w, b, r: F.gelu(F.linear(x, w, b), approximate="tanh") + r, x, w, b, r,
+                  tol=(1e-4, 1e-4))
+    assert _kinds(built) == ["matmul:triton"]
+
+
+def test_reductions_over_other_domains_stay_apart() -> None:
+    built = check(lambda x: (x.sum(0), x.sum(1)), rand((6, 10), seed=13))
+    assert len(built.kernels) == 2
+
+
+def test_dead_code_and_constants_vanish() -> None:
+    const = torch.arange(6.0)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        _unused = torch.exp(x).sum()
+        folded = (const * 2 + 1).reshape(2, 3)  # evaluated at build time
+        return x * 1 + folded
+
+    x = rand((2, 3), seed=14)
+    gm = trace(fn, x)
+    built = check(fn, x)
+    assert len(built.kernels) == 1
+    assert not any(op in built.kernels[0].ops for op in ("aten.exp.default", "aten.sum.default"))
+    assert len([n for n in gm.graph.nodes if n.op == "call_function"]) > 3
+
+
+def test_groups_come_from_the_graph_alone() -> None:
+    x = rand((4, 300), seed=15)
+    gm = trace(lambda x: torch.log_softmax(x, -1), x)
+    one = compiler.heuristic_schedule(gm, None, [x]).to_json()
+    gpu = compiler.heuristic_schedule(gm, {"device_type": "cuda", "arch": "sm_90"}, [x]).to_json()
+    assert one == compiler.heuristic_schedule(gm, None, [x]).to_json()
+    assert [k["nodes"] for k in one["kernels"]] == [k["nodes"] for k in gpu["kernels"]]

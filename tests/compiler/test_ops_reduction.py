@@ -1,0 +1,118 @@
+"""Op matrix: reductions in every variant, softmax-style graphs, against eager."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import compiler
+from tests.compiler.oputil import TOL, assert_matches, check, rand, strided, trace
+
+REDUCTIONS = {
+    "sum": lambda x, d, k: x.sum(d, keepdim=k), "mean": lambda x, d, k: x.mean(d, keepdim=k),
+    "amax": lambda x, d, k: x.amax(d, keepdim=k), "amin": lambda x, d, k: x.amin(d, keepdim=k),
+    "var": lambda x, d, k: x.var(d, keepdim=k), "std": lambda x, d, k: x.std(d, keepdim=k),
+    "prod": lambda x, d, k: (x * 0.3 + 1).prod(d[0], keepdim=k),
+    "argmax": lambda x, d, k: x.argmax(d[0], keepdim=k),
+    "argmin": lambda x, d, k: x.argmin(d[0], keepdim=k),
+    "logsumexp": lambda x, d, k: torch.logsumexp(x, d, keepdim=k),
+}
+DIMS = [(-1,), (0,), (1,), (0, 2)]
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dims", DIMS, ids=str)
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduction_fp32(name: str, dims: tuple[int, ...], keepdim: bool) -> None:
+    if name in ("prod", "argmax", "argmin") and len(dims) > 1:
+        pytest.skip("single-dim op")
+    fn = REDUCTIONS[name]
+    check(lambda x: fn(x, dims, keepdim), rand((3, 5, 19), seed=1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "var"])
+def test_reduction_half(name: str, dtype: torch.dtype) -> None:
+    fn = REDUCTIONS[name]
+    check(lambda x: fn(x, (-1,), False), strided((6, 33), dtype, seed=2))
+
+
+def test_reduction_all_dims_and_ints() -> None:
+    def fn(x: torch.Tensor, i: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.sum(), x.amax(), i.sum(1), i.amax(0), b.any(1), b.all(0), b.sum(1), x.argmax())
+
+    check(fn, rand((4, 9), seed=3), rand((4, 9), torch.int64, low=-9, high=9, seed=4),
+          rand((4, 9), torch.bool, seed=5))
+
+
+@pytest.mark.parametrize("shape", [(0, 7), (3, 0), (1, 1), (2, 1)])
+def test_reduction_edge_sizes(shape: tuple[int, ...]) -> None:
+    check(lambda x: (x.sum(-1), x.sum(0, keepdim=True), x.mean(-1)), rand(shape, seed=6))
+
+
+def _variants(fn, *inputs, variants=("looped", "persistent", "online"), rblock=8):  # noqa: ANN001, ANN202
+    """Build with every reduction kernel forced to each variant (small RBLOCK: several
+    loop iterations and ragged tails); every build must match eager."""
+    gm = trace(fn, *inputs)
+    base = compiler.heuristic_schedule(gm, None, list(inputs))
+    want = fn(*inputs)
+    for variant in variants:
+        kernels = []
+        for k in base.kernels:
+            if k.kind == "reduction":
+                r = k.sizes["rnumel"]
+                block = max(1, 1 << (r - 1).bit_length()) if variant == "persistent" else rblock
+                config = dict(k.config, RBLOCK=block, XBLOCK=2)
+                k = dataclasses.replace(k, variant=variant, config=config)
+            kernels.append(k)
+        schedule = dataclasses.replace(base, kernels=tuple(kernels))
+        built = compiler.build(gm, schedule, list(inputs))
+        built.poison = True
+        assert_matches(built(*inputs), want, TOL.get(inputs[0].dtype))
+        assert built.fallback_ops == []
+    return built
+
+
+def test_softmax_variants_one_kernel() -> None:
+    built = _variants(lambda x: torch.softmax(x * 0.125, -1), rand((5, 37), seed=7))
+    assert len(built.kernels) == 1
+
+
+def test_log_softmax_and_layer_norm_variants() -> None:
+    w, b = rand((37,), seed=8), rand((37,), seed=9)
+    _variants(lambda x: torch.log_softmax(x, -1), rand((5, 37), seed=10))
+    built = _variants(lambda x: F.gelu(F.layer_norm(x, (37,), w, b)) + x, rand((5, 37), seed=11))
+    assert len(built.kernels) == 1
+
+
+def test_cross_entropy_reads_logits_in_one_kernel() -> None:
+    logits, target = rand((6, 41), seed=12), torch.tensor([0, 40, 7, 3, 3, 12])
+    built = _variants(lambda x, y: F.cross_entropy(x, y), logits, target)
+    assert sum(k.kind == "reduction" for k in built.kernels) == 2  # rows, then the batch mean
+
+
+def test_rmsnorm_bf16_one_kernel() -> None:
+    w = rand((64,), torch.bfloat16, seed=13)
+
+    def rmsnorm(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+    built = check(rmsnorm, rand((8, 64), torch.bfloat16, seed=14))
+    assert len(built.kernels) == 1
+
+
+def test_column_reduction_of_strided_input() -> None:
+    check(lambda x: (x.sum(0), x.amax(0, keepdim=True)), strided((33, 10), seed=15))
+
+
+def test_bad_persistent_config_is_a_clear_error() -> None:
+    x = rand((4, 100), seed=16)
+    gm = trace(lambda x: x.sum(-1), x)
+    s = compiler.heuristic_schedule(gm, None, [x])
+    k = s.kernels[0]
+    bad = s.with_kernel(k.name, variant="persistent", config=dict(k.config, RBLOCK=32))
+    with pytest.raises(ValueError, match="RBLOCK"):
+        compiler.build(gm, bad, [x])

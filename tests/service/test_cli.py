@@ -1,0 +1,57 @@
+"""The `kiln` CLI commands of the service, and the deployment files' shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, inspect, text
+
+from kiln.cli import main
+from service.auth import resolve_token
+from service.context import ServiceContext
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_db_upgrade_and_token_create(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    monkeypatch.setenv("KILN_DATABASE_URL", url)
+    assert main(["db", "upgrade"]) == 0
+    tables = set(inspect(create_engine(url)).get_table_names())
+    assert {"graphs", "schedules", "jobs", "job_events", "measurements", "workers",
+            "api_tokens", "schedule_kernels", "lookup_counts"} <= tables
+    capsys.readouterr()
+    assert main(["token", "create", "--role", "admin", "--name", "ops"]) == 0
+    token = capsys.readouterr().out.strip()
+    ctx = ServiceContext(Settings(database_url=url))
+    with ctx.transaction() as session:
+        assert resolve_token(session, token, None) == "admin"
+        stored = session.execute(text("SELECT token_hash FROM api_tokens")).scalar_one()
+    ctx.close()
+    assert token not in stored and len(stored) == 64  # only the sha256 is kept
+
+
+def test_bad_arguments_get_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit, match="--device must be cpu or cuda:N"):
+        main(["worker", "--device", "gpu0"])
+    monkeypatch.setenv("KILN_DATABASE_URL", "mysql://nope")
+    with pytest.raises(SystemExit, match="KILN_DATABASE_URL"):
+        main(["db", "upgrade"])
+    with pytest.raises(SystemExit):
+        main(["token", "create", "--role", "root"])
+
+
+def test_compose_runs_migrations_first_and_checks_health() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"api", "postgres", "redis", "cpu-worker", "gpu-worker-0"} <= set(services)
+    assert "kiln db upgrade &&" in " ".join(services["api"]["command"])
+    for name in ("api", "postgres", "redis"):
+        assert services[name]["healthcheck"]["test"]
+    gpu = services["gpu-worker-0"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert gpu["command"][-1] == "cuda:0" and services["cpu-worker"]["command"][-1] == "cpu"
