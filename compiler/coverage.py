@@ -35,7 +35,8 @@ def node_placement(program: Program) -> dict[str, str]:
 def count(program: Program) -> Counter[tuple[str, str]]:
     """(op name, placement) counts of one lowered graph."""
     ops = program.original_ops
-    return Counter((ops[name], where) for name, where in node_placement(program).items())
+    return Counter((ops[name], where) for name, where in node_placement(program).items()
+                   if ops[name] != "operator.getitem")  # tuple plumbing, not an op
 
 
 def _graphs(suites: list[str]) -> Iterator[tuple[str, fx.GraphModule, list[torch.Tensor]]]:

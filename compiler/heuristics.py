@@ -48,14 +48,15 @@ def reduction_choice(group: KernelGroup, gpu: bool) -> tuple[str, dict[str, int]
     elem_bytes = max(group.dtype.itemsize, 4)
     if not inner and r > 1:
         # reduced dims are outer: neighbouring x are contiguous, so give x the wide side
-        xblock = min(64, next_pow2(x))
-        rblock = min(rblock_full, 4096 // xblock if xblock else 64, 64 if x >= 64 else 512)
+        # enough programs to fill the GPU: about x / 128 columns each, 16 to 64
+        xblock = min(next_pow2(x), max(16, min(64, next_pow2(x) // 128)))
+        rblock = min(rblock_full, 4096 // xblock, 64 if x >= 64 else 512)
         variant = "persistent" if rblock >= r else "looped"
         return variant, {"XBLOCK": xblock, "RBLOCK": max(rblock, 1), "num_warps": 4 if gpu else 1,
                          "num_stages": 1}
     if rblock_full * elem_bytes <= PERSISTENT_MAX * 4:
         xblock = max(1, min(next_pow2(x), 1024 // rblock_full if rblock_full <= 1024 else 1))
-        warps = min(16, max(1, xblock * rblock_full // 256))
+        warps = min(16, max(1, xblock * rblock_full // 512))
         return "persistent", {"XBLOCK": xblock, "RBLOCK": rblock_full,
                               "num_warps": warps if gpu else 1, "num_stages": 1}
     variant = "online" if _online_pairs(infos) else "looped"

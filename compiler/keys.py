@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from compiler.wire import Graph, WireError, from_wire
+from compiler.wire_schema import brief
 
 # Bump whenever generated code changes: every tuning key changes with it.
 COMPILER_VERSION = "0.1.0"
@@ -120,7 +121,7 @@ class Target:
         expected = {f.name for f in fields(cls)}
         if set(obj) != expected:
             missing, unknown = expected - set(obj), set(obj) - expected
-            raise WireError(f"target lacks {sorted(missing)} / has unknown {sorted(map(str, unknown))[:5]}")
+            raise WireError(f"target lacks {sorted(missing)} / has unknown {sorted(brief(k) for k in unknown)[:5]}")
         return cls(**obj)
 
     @property

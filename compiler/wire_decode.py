@@ -21,6 +21,7 @@ from compiler.wire_schema import (
     INT64_MAX,
     Ref,
     WireError,
+    brief,
     decode_float,
     decode_value,
     resolve_op,
@@ -115,22 +116,23 @@ def _keys(obj: object, required: set[str], optional: set[str], where: str, node:
     keys = set(obj)
     missing, unknown = required - keys, keys - required - optional
     _expect(not missing, f"{where} lacks {sorted(missing)}", node)
-    _expect(not unknown, f"{where} has unknown fields {sorted(map(str, unknown))[:5]}", node)
+    _expect(not unknown, f"{where} has unknown fields {sorted(brief(k) for k in unknown)[:5]}", node)
     return obj
 
 
 def _int(value: object, what: str, node: str | None, low: int = 0, high: int = INT64_MAX) -> int:
     if type(value) is float and not math.isfinite(value):
-        raise WireError(f"{what} is {value}, not an integer", node)
+        raise WireError(f"{what} is {brief(value)}, not an integer", node)
     _expect(type(value) is int, f"{what} must be an integer, got {type(value).__name__}", node)
-    _expect(low <= value <= high, f"{what} = {value} is outside [{low}, {high}]", node)
+    if not low <= value <= high:
+        raise WireError(f"{what} = {brief(value)} is outside [{low}, {high}]", node)
     return value
 
 
 def _dtype(value: object, node: str | None) -> torch.dtype:
     _expect(
         isinstance(value, str) and value in TENSOR_DTYPES,
-        f"tensor dtype {str(value)[:40]!r} is not supported (one of {sorted(TENSOR_DTYPES)})",
+        f"tensor dtype {brief(value)} is not supported (one of {sorted(TENSOR_DTYPES)})",
         node,
     )
     return DTYPES[value]
@@ -208,7 +210,7 @@ def _parse_constant(obj: object, index: int, limits: WireLimits) -> ConstantSpec
         values = []
         for v in data:
             f = float(v) if type(v) is int else decode_float(v)
-            _expect(f is not None, f"float constant data holds {str(v)[:40]!r}", name)
+            _expect(f is not None, f"float constant data holds {brief(v)}", name)
             values.append(f)
         return ConstantSpec(name, dtype, shape, tuple(values))
     info = torch.iinfo(dtype)
@@ -275,7 +277,7 @@ def parse_document(doc: object, limits: WireLimits, require_meta: bool = True) -
     With `require_meta=False` (used by `to_wire`) nodes may omit `meta`; it is then inferred.
     """
     _keys(doc, {"format", "inputs", "nodes", "outputs"}, {"constants"}, "graph")
-    _expect(doc["format"] == FORMAT, f"format must be {FORMAT!r}, got {str(doc['format'])[:40]!r}")
+    _expect(doc["format"] == FORMAT, f"format must be {FORMAT!r}, got {brief(doc['format'])}")
     doc = {**doc, "constants": doc.get("constants", [])}
     for section in ("inputs", "nodes", "outputs", "constants"):
         _expect(type(doc[section]) is list, f"{section} must be a list")
@@ -297,6 +299,6 @@ def parse_document(doc: object, limits: WireLimits, require_meta: bool = True) -
             outputs.append(None)
             continue
         _keys(out, {"ref"}, set(), f"outputs[{i}]")
-        _expect(isinstance(out["ref"], str) and out["ref"] in order, f"outputs[{i}] refers to {str(out['ref'])[:40]!r}, which is not defined")
+        _expect(isinstance(out["ref"], str) and out["ref"] in order, f"outputs[{i}] refers to {brief(out['ref'])}, which is not defined")
         outputs.append(Ref(out["ref"]))
     return GraphSpec(inputs, constants, nodes, tuple(outputs))

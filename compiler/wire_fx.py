@@ -93,22 +93,27 @@ def _tensor_meta(value: Any, node: str, limits: WireLimits) -> TensorMeta:
 
 
 def _list_bound(node: NodeSpec, args: tuple, kwargs: dict) -> int:
-    """An upper bound on how many tensors a list-returning op makes from these arguments."""
-    if node.op in _SPLIT_OPS and isinstance(args[0], torch.Tensor) and len(args) > 1:
-        dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
-        split = args[1]
-        if type(split) is int and split > 0 and type(dim) is int and -args[0].dim() <= dim < max(args[0].dim(), 1):
-            return math.ceil(args[0].shape[dim] / split) if args[0].dim() else 1
-    bound = 1
-    for value in list(args) + list(kwargs.values()):
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(v, torch.Tensor):
-                bound = max(bound, *v.shape, 1)
-            elif type(v) is int:
-                bound = max(bound, v)
-        if isinstance(value, (list, tuple)):
-            bound = max(bound, len(value))
-    return bound
+    """An upper bound on how many tensors a list-returning op makes from these arguments,
+    known before the op runs (a split into size-1 pieces of a huge dim must never start)."""
+    packet = node.target._schema.name.partition("::")[2]
+    values = list(args) + list(kwargs.values())
+    self_ = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    ints = [v for v in values if type(v) is int]
+    lists = [v for v in values if isinstance(v, (list, tuple))]
+    dim = args[2] if len(args) > 2 and type(args[2]) is int else kwargs.get("dim", 0)
+    if self_ is not None and self_.dim() and type(dim) is int and -self_.dim() <= dim < self_.dim():
+        dim_size = self_.shape[dim]
+    else:
+        dim_size = max((s for v in values if isinstance(v, torch.Tensor) for s in v.shape), default=1)
+    if node.op in _SPLIT_OPS and len(args) > 1 and type(args[1]) is int and args[1] > 0:
+        return math.ceil(dim_size / args[1])
+    if packet in ("unbind", "unbind_copy"):
+        dim = args[1] if len(args) > 1 and type(args[1]) is int else kwargs.get("dim", 0)
+        shape = self_.shape if self_ is not None else ()
+        return shape[dim] if type(dim) is int and -len(shape) <= dim < len(shape) else dim_size
+    if lists:  # split_with_sizes, tensor_split(indices), foreach ops, meshgrid, ...
+        return max(len(v) for v in lists) + 1
+    return max([dim_size, *ints, 1])
 
 
 def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: WireLimits) -> Any:

@@ -8,9 +8,11 @@ a client sends is ever imported, evaluated or unpickled.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +60,12 @@ ENUM_KEYS = {"dtype": DTYPES, "layout": LAYOUTS, "memory_format": MEMORY_FORMATS
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 GETITEM = "operator.getitem"
+# aten ops that reach outside the graph: read or write files, print, warn, touch streams.
+_SIDE_EFFECTS = frozenset({
+    "from_file", "save", "_print", "warn", "record_stream", "pin_memory", "_pin_memory",
+})
+# Ops without a tensor result that traced graphs legitimately hold.
+_ASSERTS = frozenset({"_assert_async", "_assert_scalar", "_assert_tensor_metadata"})
 _NAMESPACES = {"aten": torch.ops.aten, "prims": torch.ops.prims}
 _OP_RE = re.compile(r"(aten|prims)\.([A-Za-z][A-Za-z0-9_]*|_[A-Za-z0-9][A-Za-z0-9_]*)\.([A-Za-z][A-Za-z0-9_]*)")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -77,9 +85,10 @@ def op_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         namespace, _, packet = target._schema.name.partition("::")
         name = f"{namespace}.{packet}.{target._overloadname}"
-        if namespace in _NAMESPACES and _OP_RE.fullmatch(name):
-            return name
-        raise WireError(f"op {name} is outside the aten and prims namespaces")
+        if namespace not in _NAMESPACES or not _OP_RE.fullmatch(name):
+            raise WireError(f"op {name} is outside the aten and prims namespaces")
+        resolve_op(name)  # the same allowlist the receiver applies
+        return name
     if isinstance(target, torch._ops.OpOverloadPacket):
         raise WireError(f"op {target} is an overload packet; trace to aten overloads (make_fx)")
     raise WireError(f"call target {getattr(target, '__name__', type(target).__name__)!s} is not an aten or prims op")
@@ -102,7 +111,12 @@ def resolve_op(name: object) -> Any:
             f"op {name[:80]!r} is not allowed (only aten.<op>.<overload>, "
             "prims.<op>.<overload> and operator.getitem)"
         )
-    namespace, packet_name, overload_name = match.groups()
+    return _resolve_checked(*match.groups())
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_checked(namespace: str, packet_name: str, overload_name: str) -> torch._ops.OpOverload:
+    name = f"{namespace}.{packet_name}.{overload_name}"
     try:
         packet = getattr(_NAMESPACES[namespace], packet_name)
     except (AttributeError, RuntimeError):
@@ -114,7 +128,27 @@ def resolve_op(name: object) -> Any:
     overload = getattr(packet, overload_name)
     if not isinstance(overload, torch._ops.OpOverload):
         raise WireError(f"op {name} is not an OpOverload")
+    if packet_name in _SIDE_EFFECTS or packet_name.startswith("_test_"):
+        raise WireError(f"op {name} acts outside the graph (files, logs, streams) and is refused")
+    returns_tensor = any("Tensor" in str(r.type) for r in overload._schema.returns)
+    if not returns_tensor and packet_name not in _ASSERTS:
+        # TorchScript builtins (string and list ops) and data-dependent scalars (item, Int).
+        raise WireError(f"op {name} returns no tensor; only tensor ops travel")
     return overload
+
+
+_BRIEF = reprlib.Repr()  # keyword arguments only from Python 3.12
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 3, 4, 4, 40, 40
+
+
+def brief(value: object) -> str:
+    """A short, safe rendering of a client value for error messages (never raises)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"<{value.bit_length()}-bit integer>"
+    try:
+        return _BRIEF.repr(value)
+    except Exception:  # huge ints inside containers, exotic objects from a Python caller
+        return f"<{type(value).__name__}>"
 
 
 def _is_str_in(value: object, table: Any) -> bool:
@@ -145,7 +179,7 @@ def encode_value(value: Any, names: dict[Any, str], max_str: int) -> Any:
         return value
     if type(value) is int:
         if not INT64_MIN <= value <= INT64_MAX:
-            raise WireError(f"integer argument {value} does not fit in int64")
+            raise WireError(f"integer argument {brief(value)} does not fit in int64")
         return value
     if type(value) is float:
         return encode_float(value)
@@ -176,7 +210,7 @@ def decode_value(value: Any, depth: int, max_depth: int, max_str: int) -> Any:
         return value
     if type(value) is int:
         if not INT64_MIN <= value <= INT64_MAX:
-            raise WireError(f"integer {value} does not fit in int64")
+            raise WireError(f"integer {brief(value)} does not fit in int64")
         return value
     if type(value) is float:
         if not math.isfinite(value):
@@ -197,7 +231,7 @@ def decode_value(value: Any, depth: int, max_depth: int, max_str: int) -> Any:
 
 def _decode_tagged(value: dict) -> Any:
     if len(value) != 1:
-        raise WireError(f"tagged value must have exactly one key, got {sorted(map(str, value))[:5]}")
+        raise WireError(f"tagged value must have exactly one key, got {sorted(brief(k) for k in value)[:5]}")
     (tag, payload), = value.items()
     if tag == "ref":
         if not isinstance(payload, str):
@@ -205,15 +239,15 @@ def _decode_tagged(value: dict) -> Any:
         return Ref(payload)
     if tag == "float":
         if not _is_str_in(payload, NON_FINITE):
-            raise WireError(f"float tag accepts 'nan', 'inf', '-inf', got {str(payload)[:40]!r}")
+            raise WireError(f"float tag accepts 'nan', 'inf', '-inf', got {brief(payload)}")
         return NON_FINITE[payload]
     if tag == "device":
         if not _is_str_in(payload, DEVICE_TYPES):
-            raise WireError(f"unknown device type {str(payload)[:40]!r} (expected one of {sorted(DEVICE_TYPES)})")
+            raise WireError(f"unknown device type {brief(payload)} (expected one of {sorted(DEVICE_TYPES)})")
         return torch.device(payload)
     table = ENUM_KEYS.get(tag)
     if table is None:
-        raise WireError(f"unknown tagged value {str(tag)[:40]!r}")
+        raise WireError(f"unknown tagged value {brief(tag)}")
     if not isinstance(payload, str) or payload not in table:
-        raise WireError(f"unknown {tag} {str(payload)[:40]!r}")
+        raise WireError(f"unknown {tag} {brief(payload)}")
     return table[payload]

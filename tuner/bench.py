@@ -18,12 +18,11 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("tuner.bench")
+from tuner.bench_paths import compiled_path, kiln_path, step, sync, tune_graphs
 
-PATHS = ("eager", "inductor", "inductor_max_autotune", "kiln_heuristic", "kiln_tuned")
+log = logging.getLogger("tuner.bench")
 
 
 def _cold_caches() -> None:
@@ -35,145 +34,6 @@ def _cold_caches() -> None:
         ("KILN_KERNEL_DIR", "kiln"),
     ):
         os.environ.setdefault(var, os.path.join(root, sub))
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _flat(out: Any) -> list[Any]:
-    import torch
-
-    leaves, _ = torch.utils._pytree.tree_flatten(out)
-    return [x for x in leaves if isinstance(x, torch.Tensor)]
-
-
-def _step(fn: Callable[..., Any], case: Any) -> list[Any]:
-    """One call of the case through `fn`; a training case also runs backward (ones grads)."""
-    import torch
-
-    if not case.training:
-        with torch.no_grad():
-            return _flat(fn(*case.inputs))
-    params = list(case.module.parameters())
-    leaves = [*case.inputs, *params]
-    for t in leaves:
-        t.grad = None
-    out = fn(*case.inputs)
-    out.backward(torch.ones_like(out))
-    return [out.detach(), *[t.grad for t in leaves if t.requires_grad]]
-
-
-def _check_against(outputs: list[Any], reference: list[Any]) -> str | None:
-    from tuner.verify import check_outputs
-
-    return check_outputs(outputs, reference)
-
-
-def _compiled_path(case: Any, mode: str | None, device: str, reference: list[Any]) -> dict:
-    """torch.compile (Inductor) path: cold first call, correctness, steady-state time."""
-    import torch
-
-    from tuner.timing import time_fn
-
-    torch._dynamo.reset()
-    start = time.perf_counter()
-    compiled = torch.compile(case.module, mode=mode) if mode else torch.compile(case.module)
-    out = _step(compiled, case)
-    _sync(device)
-    first = time.perf_counter() - start
-    error = _check_against(out, reference)
-    if error:
-        return {"ms": None, "first_call_s": first, "error": f"wrong_answer: {error}"}
-    timing = time_fn(lambda: _step(compiled, case), device)
-    return {
-        "ms": timing.median_ms,
-        "noise_ms": timing.noise_ms,
-        "first_call_s": first,
-        "error": None,
-    }
-
-
-def _trace(case: Any) -> list[tuple[Any, list[Any], Any]]:
-    """The case's aten graphs as (compiler.Graph, inputs, aten GraphModule)."""
-    import compiler
-    from compiler.tracing import trace_inference, trace_training
-
-    if case.training:
-        fwd, bwd, fwd_in, bwd_in = trace_training(case.module, case.inputs)
-        pairs = [(fwd, fwd_in), (bwd, bwd_in)]
-    else:
-        gm, ins = trace_inference(case.module, case.inputs)
-        pairs = [(gm, ins)]
-    return [(compiler.from_wire(compiler.to_wire(gm, ins)), list(ins), gm) for gm, ins in pairs]
-
-
-def _kiln_path(
-    case: Any, device: str, schedules: list[Any] | None, target: Any
-) -> tuple[dict, list[tuple[Any, list[Any], Any]]]:
-    """Trace, build (heuristic, or the given schedules), verify per graph, time the sum."""
-    import compiler
-    from tuner.timing import time_fn
-    from tuner.verify import Reference
-
-    start = time.perf_counter()
-    graphs = _trace(case)
-    builts = []
-    for i, (graph, ins, _) in enumerate(graphs):
-        sched = schedules[i] if schedules else compiler.heuristic_schedule(graph, target)
-        built = compiler.build(graph, sched)
-        built(*ins)
-        builts.append(built)
-    _sync(device)
-    first = time.perf_counter() - start
-    total, noise = 0.0, 0.0
-    for (_graph, ins, gm), built in zip(graphs, builts, strict=True):
-        ref = Reference.from_module(gm, ins)
-        error = ref.check(built)
-        if error:
-            return {"ms": None, "first_call_s": first, "error": f"wrong_answer: {error}"}, graphs
-        timing = time_fn(lambda b=built, x=ins: b(*x), device)
-        total += timing.median_ms
-        noise += timing.noise_ms
-    info = {
-        "ms": total,
-        "noise_ms": noise,
-        "first_call_s": first,
-        "error": None,
-        "kernels": sum(len(b.kernels) for b in builts),
-        "fallback_ops": sorted({op for b in builts for op in b.fallback_ops}),
-    }
-    return info, graphs
-
-
-def _tune_graphs(graphs: list, target: Any, runner: Any, budget: Any, strategy: str) -> dict:
-    from tuner.api import tune
-
-    schedules, kernels, trials, seconds, errors = [], [], 0, 0.0, []
-    for graph, _ins, _gm in graphs:
-        result = tune(graph, target, budget, runner=runner, strategy=strategy)
-        schedules.append(result.schedule)
-        kernels.extend(k.to_json() for k in result.kernels)
-        trials += result.trials
-        seconds += result.seconds
-        errors.extend(result.errors)
-        failed = [m for m in result.measurements if m["error"]]
-        log.info(
-            "tuned a graph: %d trials (%d failed) in %.1f s",
-            result.trials,
-            len(failed),
-            result.seconds,
-        )
-    return {
-        "schedules": schedules,
-        "kernels": kernels,
-        "trials": trials,
-        "tuning_s": seconds,
-        "tune_errors": errors,
-    }
 
 
 def run_case(
@@ -190,11 +50,11 @@ def run_case(
     case = make_case(name, device, small=small)
     row: dict[str, Any] = {"case": name, "kind": case.kind, "errors": {}}
     start = time.perf_counter()
-    reference = _step(case.module, case)
-    _sync(device)
+    reference = step(case.module, case)
+    sync(device)
     row["eager_first_call_s"] = time.perf_counter() - start
-    row["eager_ms"] = time_fn(lambda: _step(case.module, case), device).median_ms
-    row["eager_repeat_ms"] = time_fn(lambda: _step(case.module, case), device).median_ms
+    row["eager_ms"] = time_fn(lambda: step(case.module, case), device).median_ms
+    row["eager_repeat_ms"] = time_fn(lambda: step(case.module, case), device).median_ms
 
     modes = []
     if not small:
@@ -203,7 +63,7 @@ def run_case(
             modes.append(("inductor_max_autotune", "max-autotune-no-cudagraphs"))
     for key, mode in modes:
         try:
-            got = _compiled_path(case, mode, device, reference)
+            got = compiled_path(case, mode, device, reference)
         except Exception as exc:  # a path that fails is a row entry, not a dead bench
             got = {"ms": None, "first_call_s": None, "error": f"{type(exc).__name__}: {exc}"[:400]}
         row[f"{key}_ms"], row[f"{key}_first_call_s"] = got["ms"], got["first_call_s"]
@@ -215,7 +75,7 @@ def run_case(
 
     graphs = None
     try:
-        info, graphs = _kiln_path(case, device, None, target)
+        info, graphs = kiln_path(case, device, None, target)
         row["kiln_heuristic_ms"], row["kiln_heuristic_first_call_s"] = (
             info["ms"],
             info["first_call_s"],
@@ -234,11 +94,11 @@ def run_case(
         seconds = args.tune_seconds_gpt if name.startswith("gpt_block") else args.tune_seconds
         budget = Budget(trials=args.tune_trials, seconds=seconds / len(graphs))
         try:
-            tuned = _tune_graphs(graphs, target, runner, budget, args.strategy)
+            tuned = tune_graphs(graphs, target, runner, budget, args.strategy)
             row.update(tuning_s=tuned["tuning_s"], trials=tuned["trials"], kernels=tuned["kernels"])
             if tuned["tune_errors"]:
                 row["errors"]["tuning"] = "; ".join(tuned["tune_errors"])[:800]
-            info, _ = _kiln_path(case, device, tuned["schedules"], target)
+            info, _ = kiln_path(case, device, tuned["schedules"], target)
             row["kiln_tuned_ms"], row["kiln_tuned_first_call_s"] = info["ms"], info["first_call_s"]
             if info["error"]:
                 row["errors"]["kiln_tuned"] = info["error"]

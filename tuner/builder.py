@@ -23,51 +23,50 @@ from tuner.records import OUT_OF_RESOURCES, Candidate, canonical
 
 log = logging.getLogger(__name__)
 
-_session: Any = None  # the worker's TrialSession for the graph it last loaded
-_session_key: str | None = None
+_graphs: dict[str, tuple[Any, dict]] = {}  # key -> (compiler.Graph, base schedule), per worker
 
 
-def _init_worker(device: str) -> None:
-    if device.startswith("cuda:"):
+def _warm(device: str) -> None:
+    """Pay the imports (and the CUDA context) before the first batch arrives."""
+    import compiler  # noqa: F401
+    import triton  # noqa: F401
+
+    if device.startswith("cuda"):
         import torch
 
-        torch.cuda.set_device(torch.device(device))
+        torch.zeros(1, device=device)
 
 
-def _load(device: str, key: str, loaded: tuple[dict, dict, int]) -> None:
-    """Hold the graph `key` in this worker (the pool outlives graphs: load on first sight)."""
-    global _session, _session_key
-    from tuner.session import TrialSession
+def _compile_one(
+    device: str, key: str, loaded: tuple[dict, dict, int], cand_json: dict, target_json: dict
+) -> dict:
+    """Build the candidate and compile its kernel: JIT warm-up on a GPU (fills the cache the
+    runner reads), ahead-of-time for the target elsewhere. An error string or None."""
+    import compiler
+    from tuner.aot import compile_kernel, warm_kernel
+    from tuner.session import TrialSession, classify
+    from tuner.space import limits_for
 
-    if _session_key != key:
-        _session = None  # free the previous graph's buffers first
-        session = TrialSession(device)
-        session.load(*loaded)
-        _session, _session_key = session, key
-
-
-def _compile_one(device: str, key: str, loaded: tuple[dict, dict, int], cand_json: dict) -> dict:
-    """Build the candidate and run it once (compiling its kernels); an error string or None."""
-    from tuner.session import classify
-
-    _load(device, key, loaded)
+    if key not in _graphs:
+        _graphs.clear()
+        _graphs[key] = (compiler.from_wire(loaded[0]), loaded[1])
+    graph, base = _graphs[key]
     cand = Candidate.from_json(cand_json)
+    session = TrialSession(device)
+    session.base = base
+    target = compiler.Target.from_json(target_json)
     try:
-        built = _session._build(_session._schedule_with(cand))
+        built = compiler.build(graph, compiler.Schedule.from_json(session._schedule_with(cand)))
     except Exception as exc:
         return {"error": classify(exc, "build")}
     try:
-        _session.reference.restore()
-        built(*_session.reference.inputs)
         if device.startswith("cuda"):
-            import torch
-
-            torch.cuda.synchronize()
+            error = warm_kernel(built, cand.kernel, limits_for(target))
+        else:
+            error = compile_kernel(built, cand.kernel, target)
     except Exception as exc:
-        error = classify(exc, "run")
-        # Only compile-time verdicts are final here; run errors are the runner's to record.
-        return {"error": error if error.startswith(OUT_OF_RESOURCES) else None}
-    return {"error": None}
+        return {"error": classify(exc, "build")}
+    return {"error": error}
 
 
 def default_workers(device: str) -> int:
@@ -80,8 +79,9 @@ def default_workers(device: str) -> int:
 class Builder:
     """A pool of spawned compile workers for one graph on one device."""
 
-    def __init__(self, device: str, workers: int | None = None) -> None:
+    def __init__(self, device: str, workers: int | None = None, target: Any = None) -> None:
         self.device = device
+        self.target = target
         self.workers = default_workers(device) if workers is None else workers
         self._pool: ProcessPoolExecutor | None = None
         self._loaded: tuple[dict, dict, int] | None = None
@@ -92,6 +92,7 @@ class Builder:
     def load(self, graph_json: dict, schedule_json: dict, seed: int = 0) -> None:
         """Set the graph the workers build; the pool itself lives on across graphs."""
         self._loaded = (graph_json, schedule_json, seed)
+        self._target_json = schedule_json.get("target") or {}
         self._key = canonical([graph_json, schedule_json, seed])
         self.verdicts.clear()
         self.prepared.clear()
@@ -99,7 +100,7 @@ class Builder:
             # Start the workers and load the graph now, while the runner times the baseline.
             pool = self._ensure_pool()
             for _ in range(self.workers):
-                pool.submit(_load, self.device, self._key, self._loaded)
+                pool.submit(_warm, self.device)
 
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -120,7 +121,14 @@ class Builder:
         try:
             pool = self._ensure_pool()
             futures = [
-                pool.submit(_compile_one, self.device, self._key, self._loaded, c.to_json())
+                pool.submit(
+                    _compile_one,
+                    self.device,
+                    self._key,
+                    self._loaded,
+                    c.to_json(),
+                    self._target_json,
+                )
                 for c in todo
             ]
             results = [f.result() for f in futures]
@@ -144,3 +152,43 @@ class Builder:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _aot_one(graph_json: dict, schedule_json: dict, target_json: dict, cand_json: dict) -> dict:
+    """Build the candidate and compile its kernel for the target GPU (no GPU needed)."""
+    import compiler
+    from tuner.aot import compile_kernel
+    from tuner.session import TrialSession, classify
+
+    cand = Candidate.from_json(cand_json)
+    session = TrialSession("cpu")
+    session.base = schedule_json
+    try:
+        graph = compiler.from_wire(graph_json)
+        sched = compiler.Schedule.from_json(session._schedule_with(cand))
+        built = compiler.build(graph, sched)
+    except Exception as exc:
+        return {"error": classify(exc, "build")}
+    return {"error": compile_kernel(built, cand.kernel, compiler.Target.from_json(target_json))}
+
+
+def precompile(
+    graph_json: dict,
+    schedule_json: dict,
+    target: Any,
+    candidates: list[Candidate],
+    workers: int = 2,
+) -> dict[Candidate, str | None]:
+    """Compile candidates for a GPU target on CPU workers: each candidate's error, or None.
+
+    This is the CPU worker's half of tuning: it needs no GPU, catches what cannot compile or
+    does not fit the target's shared memory, and leaves timing to a GPU worker.
+    """
+    target_json = target.to_json()
+    args = [(graph_json, schedule_json, target_json, c.to_json()) for c in candidates]
+    if workers <= 1:
+        results = [_aot_one(*a) for a in args]
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            results = list(pool.map(_aot_one, *zip(*args, strict=True)))
+    return {c: r["error"] for c, r in zip(candidates, results, strict=True)}

@@ -229,6 +229,7 @@ def candidate_plot(kernel: str, measurements: Sequence[Mapping[str, Any]],
         fig = _figure(6.5, 2.8)
         ax = fig.add_subplot()
         seen: set[str] = set()
+        reasons_shown: set[str] = set()
 
         def mark(x: float, y: float, style: dict[str, Any], label: str) -> None:
             ax.scatter([x], [y], label=None if label in seen else label, **style)
@@ -238,8 +239,11 @@ def candidate_plot(kernel: str, measurements: Sequence[Mapping[str, Any]],
             ms, error = row.get("ms"), row.get("error")
             if ms is None or error:
                 mark(i, fail_y, {"marker": "x", "color": _COLOURS[5], "s": 40}, "failed")
-                ax.annotate(_short(error or "no time"), (i, fail_y), rotation=60, fontsize=7,
-                            xytext=(2, 4), textcoords="offset points")
+                reason = _short(error or "no time")
+                if reason not in reasons_shown:  # each reason once; the table lists them all
+                    reasons_shown.add(reason)
+                    ax.annotate(reason, (i, fail_y), rotation=60, fontsize=7,
+                                xytext=(2, 4), textcoords="offset points")
             elif not row.get("verified", True):
                 mark(i, ms, {"marker": "^", "color": _COLOURS[1], "s": 36}, "wrong result")
             else:
@@ -255,7 +259,8 @@ def candidate_plot(kernel: str, measurements: Sequence[Mapping[str, Any]],
         ax.set_ylim(0, fail_y * 1.45 if failures else top * 1.15)
         ax.set_ylabel("ms (lower is better)")
         ax.set_xlabel("candidate # (configs listed in the table below)")
-        ax.set_xticks(range(len(rows)))
+        if len(rows) <= 40:  # beyond that, matplotlib's own spacing keeps ticks legible
+            ax.set_xticks(range(len(rows)))
         if len(rows) > 24:
             ax.tick_params(axis="x", labelsize=6)
         if timed and failures:  # separates timed candidates from the failures drawn above

@@ -65,6 +65,20 @@ def test_ops_outside_the_allowlist_are_refused(wire: dict, op: str) -> None:
         from_wire(wire)
 
 
+@pytest.mark.parametrize("op, message", [
+    ("aten.from_file.default", "acts outside the graph"),
+    ("aten.save.default", "acts outside the graph"),
+    ("aten._print.default", "acts outside the graph"),
+    ("aten.add.str", "returns no tensor"),
+    ("aten.format.default", "returns no tensor"),
+    ("aten._local_scalar_dense.default", "returns no tensor"),
+])
+def test_aten_ops_with_side_effects_or_no_tensor_are_refused(wire: dict, op: str, message: str) -> None:
+    _node(wire, "aten.relu.default")["op"] = op
+    with pytest.raises(WireError, match=message):
+        from_wire(wire)
+
+
 def test_unknown_aten_op_is_refused(wire: dict) -> None:
     _node(wire, "aten.relu.default")["op"] = "aten.definitely_not_an_op.default"
     with pytest.raises(WireError, match="does not exist"):
@@ -145,6 +159,13 @@ def test_list_returning_op_cannot_explode(wire: dict) -> None:
         from_wire(wire)
 
 
+def test_list_ops_on_large_dims_are_accepted() -> None:
+    tokens = torch.empty(2**17, 48, device="meta")  # meta: no memory, only metadata
+    gm = make_fx(lambda t: torch.split_with_sizes(t, [16, 32], dim=-1)[1] + 1,
+                 decomposition_table=decompositions())(tokens)
+    assert from_wire(to_wire(gm, [tokens])).op_summary()["aten.split_with_sizes.default"] == 1
+
+
 def test_deeply_nested_arguments(wire: dict) -> None:
     nested: list = []
     for _ in range(1000):
@@ -173,6 +194,31 @@ def test_nan_in_a_shape(wire: dict) -> None:
     tagged["inputs"][0]["shape"] = [{"float": "nan"}, 3]
     with pytest.raises(WireError, match="must be an integer"):
         from_wire(tagged)
+
+
+def _deep(levels: int) -> list:
+    nested: list = []
+    for _ in range(levels):
+        nested = [nested]
+    return nested
+
+
+@pytest.mark.parametrize("value", [10**5000, -(10**5000), _deep(100_000), [10**5000]],
+                         ids=["huge-int", "huge-negative-int", "deep-list", "huge-int-in-list"])
+def test_monster_values_from_a_python_caller(wire: dict, value: object) -> None:
+    for place in (
+        lambda w: w.update(format=value),
+        lambda w: w["inputs"][0].update(dtype=value),
+        lambda w: w["inputs"][0]["shape"].__setitem__(0, value),
+        lambda w: w["nodes"][0]["args"].append(value),
+        lambda w: w["nodes"][0]["args"].append({"device": value}),
+        lambda w: w["outputs"].append({"ref": value}),
+        lambda w: w["nodes"][0].update({value if isinstance(value, int) else "x": 1}),
+    ):
+        doc = copy.deepcopy(_small_wire())
+        place(doc)
+        with pytest.raises(WireError):
+            from_wire(doc)
 
 
 def test_meta_that_lies_about_the_result(wire: dict) -> None:
@@ -248,7 +294,7 @@ _WORDS = ["ref", "dtype", "device", "layout", "memory_format", "float", "name", 
 _leaves = st.one_of(
     st.none(), st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
-    st.sampled_from([0, 1, -1, 2, 3, 2**31, 2**63 - 1, 10**12]),
+    st.sampled_from([0, 1, -1, 2, 3, 2**31, 2**63 - 1, 10**12, 10**5000]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12), st.sampled_from(_WORDS),
 )

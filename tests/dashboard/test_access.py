@@ -95,6 +95,10 @@ def test_wrong_token_client_token_and_missing_csrf_are_refused(app_ctx) -> None:
     with ctx.transaction() as session:
         client_token = auth.create_token(session, "client")
     assert _login(client, token=client_token).status_code == 401
+    client.cookies.set("kiln_admin", client_token)  # a client token planted in the cookie
+    assert client.get("/admin").status_code == 303
+    assert client.get("/v1/admin/entries").status_code == 403
+    client.cookies.delete("kiln_admin")
     response = client.post("/admin/login", data={"token": ADMIN_TOKEN, "csrf_token": "forged"})
     assert response.status_code == 403
     assert "kiln_admin" not in response.headers.get("set-cookie", "")

@@ -137,6 +137,13 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     assert "name: NVIDIA H200" in siblings and "triton: 3.6.0" in siblings
     page.screenshot(path=str(tmp_path / "entry.png"), full_page=True)
 
+    # Jobs: the tuning job with its stage, progress and history.
+    page.goto(f"{live.url}/admin/jobs")
+    job_row = page.locator(f"tr:has(a[href='/admin/entries/{tuned_key}'])").first
+    assert "tune" in job_row.inner_text() and "100%" in job_row.inner_text()
+    assert "tuned: " in job_row.inner_text()  # the worker's note in the history
+    page.goto(f"{live.url}/admin/entries/{tuned_key}")
+
     # Invalidate, confirming the browser's dialog; the API then answers 404 invalidated.
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("form[action$='/invalidate'] button")

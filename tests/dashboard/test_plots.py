@@ -88,3 +88,11 @@ def test_only_the_chosen_variant_is_starred() -> None:
              "verified": True} for v, ms in (("looped", 2.0), ("persistent", 1.0))]
     svg = str(plots.candidate_plot("k", rows, {"XBLOCK": 8}, "v", chosen_variant="persistent"))
     assert _texts(svg).count("chosen") == 2  # the legend entry and one label, not two labels
+
+
+def test_many_candidates_name_each_failure_reason_once() -> None:
+    rows = [{"kernel": "k", "variant": "pointwise", "config": {"XBLOCK": 2 ** i}, "ms": None,
+             "error": "CompileTimeout" if i % 2 else "OutOfResources", "verified": False}
+            for i in range(60)]
+    text = _texts(str(plots.candidate_plot("k", rows, None, "many")))
+    assert text.count("CompileTimeout") == 1 and text.count("OutOfResources") == 1

@@ -14,6 +14,8 @@ from service.auth import create_token
 from service.context import ServiceContext
 from tests.service.helpers import gpu_target, wire_body
 
+pytestmark = pytest.mark.services
+
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
 

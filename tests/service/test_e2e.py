@@ -17,7 +17,7 @@ from service.migrate import upgrade
 from tests.corpus import corpus
 from tests.service.helpers import free_port, gpu_target, start_api, start_worker, wait_for
 
-pytestmark = [pytest.mark.services, pytest.mark.xdist_group("service-processes")]
+pytestmark = pytest.mark.services
 
 
 def _schedule(url: str, key: str) -> dict | None:

@@ -18,6 +18,8 @@ from service.api.app import create_app
 from service.context import ServiceContext
 from tests.service.helpers import wire_body
 
+pytestmark = pytest.mark.services
+
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
 

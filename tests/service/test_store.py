@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from sqlalchemy import func, select
 
 from service import store
 from service.context import ServiceContext
 from service.models import JobRow, ScheduleRow
 from tests.service.helpers import fake_submission
+
+pytestmark = pytest.mark.services
 
 
 def test_concurrent_submissions_of_one_key_make_one_job(pg_ctx: ServiceContext) -> None:

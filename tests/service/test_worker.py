@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from service import store
 from service.context import ServiceContext
 from service.models import WorkerRow, utcnow
@@ -11,6 +13,8 @@ from service.pipeline import Outcome
 from service.queue import BUILD_STREAM, InProcessQueue, tune_stream
 from service.worker import Worker
 from tests.service.helpers import fake_submission, wait_for
+
+pytestmark = pytest.mark.services
 
 SCHEDULE = {"format": "kiln.schedule/1", "kernels": [], "externs": []}
 

@@ -1,0 +1,126 @@
+"""Ahead-of-time compile of a built graph's kernels for a GPU target, on a machine without one.
+
+Triton compiles for `GPUTarget("cuda", 90, 32)` on the CPU; the compiled kernel's metadata
+says how much shared memory it needs, so a CPU worker can reject a candidate that cannot
+launch on the target (out of resources) or does not compile, before a GPU sees it.
+
+The launch details (kernel function, argument dtypes, block sizes) come from the built
+graph's launch steps, which `compiler.runtime` does not publish yet: `launch_specs` reads
+them and raises `AotUnavailable` with a clear message if their shape ever changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tuner.records import BUILD_ERROR, OUT_OF_RESOURCES
+from tuner.space import TargetLimits, limits_for
+
+_TL_DTYPES = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+}
+
+
+class AotUnavailable(RuntimeError):
+    """The built graph does not expose what an ahead-of-time compile needs."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One kernel launch of a built graph, as Triton's ahead-of-time compiler needs it."""
+
+    kernel: str
+    fn: Any  # triton JITFunction
+    signature: dict[str, str]
+    constexprs: dict[str, int]
+    options: dict[str, int]
+    arg_dtypes: tuple[torch.dtype, ...] = ()
+
+
+def launch_specs(built: Any) -> list[LaunchSpec]:
+    """The Triton launches of a `compiler.Built`, with argument dtypes and block sizes."""
+    from triton.runtime.jit import JITFunction
+
+    try:
+        nodes = list(built.program.gm.graph.nodes)
+        execs = list(built._execs)
+    except AttributeError as exc:
+        raise AotUnavailable(f"compiler.Built no longer exposes its launches ({exc})") from exc
+    from compiler.ir import meta
+
+    specs = []
+    for step in execs:
+        launch = step if hasattr(step, "in_slots") else getattr(step, "epilogue", None)
+        if launch is None or not hasattr(launch, "fn"):
+            continue
+        fn = launch.fn
+        if not isinstance(fn, JITFunction):  # imported under TRITON_INTERPRET=1
+            fn = JITFunction(fn.fn)
+        dtypes = [meta(nodes[s]).dtype for s in launch.in_slots] + [o[3] for o in launch.outs]
+        signature = {
+            name: "*" + _TL_DTYPES[d] for name, d in zip(fn.arg_names, dtypes, strict=False)
+        }
+        signature.update({k: "constexpr" for k in launch.constexprs})
+        kernel = getattr(step, "name", launch.name)
+        specs.append(
+            LaunchSpec(kernel, fn, signature, dict(launch.constexprs), dict(launch.options))
+        )
+    return specs
+
+
+def compile_for(spec: LaunchSpec, target: Any, limits: TargetLimits | None = None) -> str | None:
+    """Compile one launch for the target's GPU; an error string, or None when it fits."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cc = getattr(target, "cc", None) or (9, 0)
+    limits = limits or limits_for(target)
+    from triton.runtime.jit import JITFunction
+
+    fn = spec.fn if isinstance(spec.fn, JITFunction) else JITFunction(spec.fn.fn)
+    try:
+        compiled = triton.compile(
+            ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs),
+            target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
+            options=spec.options,
+        )
+    except Exception as exc:  # a config Triton cannot lower is a recorded verdict
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
+        return f"{BUILD_ERROR}: {spec.kernel}: {text}"
+    return shared_memory_error(spec, compiled, limits)
+
+
+def shared_memory_error(spec: LaunchSpec, compiled: Any, limits: TargetLimits) -> str | None:
+    """An out-of-resources verdict when the compiled kernel needs more shared memory than allowed."""
+    shared = int(getattr(compiled.metadata, "shared", 0))
+    if shared > limits.shared_memory:
+        return (
+            f"{OUT_OF_RESOURCES}: {spec.kernel} needs {shared} B shared memory, "
+            f"the target allows {limits.shared_memory}"
+        )
+    return None
+
+
+def compile_kernel(
+    built: Any, kernel: str, target: Any, limits: TargetLimits | None = None
+) -> str | None:
+    """Compile every launch of `kernel` in `built` for the target; the first error or None."""
+    for spec in launch_specs(built):
+        if spec.kernel == kernel:
+            error = compile_for(spec, target, limits)
+            if error:
+                return error
+    return None
