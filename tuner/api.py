@@ -157,6 +157,12 @@ def _tune_loaded(
     searches: list[KernelSearch] = []
     pruned: list[int] = []
     # Phase 1: every kernel's heuristic point, timed once: the baseline and the weights.
+    starts = [
+        Candidate.make(k["name"], k["variant"], {} if k["variant"] == "aten" else k["config"])
+        for k in kernels
+    ]
+    if hasattr(runner, "prepare"):
+        runner.prepare(starts)  # compile every kernel's heuristic point at once, in parallel
     for i, kernel in enumerate(kernels):
         if progress:
             progress(i, 2 * len(kernels), kernel["name"])

@@ -1,13 +1,13 @@
 """The builder: compile a batch of candidates in parallel before the runner times them.
 
-Each worker is a spawned process that holds the graph (seeded inputs on the device) and,
-per candidate, builds the schedule with that kernel's variant and config and runs it once.
-On a GPU that JIT-compiles the candidate's kernel into the shared Triton cache, with the
-same specialisation the runner's launch will ask for, so the runner's first launch is a
-cache hit; build errors and out-of-resources come back here, before the runner spends a
-request on them. The runner stays serial (one kernel on the GPU at a time while timing);
-only compiling fans out. On the CPU (Triton interpreter) there is nothing to compile and
-the builder is not used.
+Workers are spawned processes. Per candidate a worker builds the schedule with that
+kernel's variant and config (codegen, config validation), then compiles that kernel:
+on a GPU through Triton's JIT `warmup`, which specialises exactly as the runner's launch
+will, so the binary lands in the shared Triton cache and the runner's first launch is a
+hit; on a machine without a GPU ahead of time for the target (`tuner.aot`), which is what
+a CPU worker can do for an sm_90 target. Build errors and out-of-resources come back here,
+before the runner spends a request on them. Timing stays serial in the runner; only
+compiling fans out. The interpreter (CPU target) compiles nothing.
 """
 
 from __future__ import annotations
@@ -19,17 +19,25 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from tuner.records import OUT_OF_RESOURCES, Candidate, canonical
+from tuner.records import Candidate, canonical
 
 log = logging.getLogger(__name__)
 
 _graphs: dict[str, tuple[Any, dict]] = {}  # key -> (compiler.Graph, base schedule), per worker
 
 
+def _init_worker(device: str) -> None:
+    if device.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
+
+
 def _warm(device: str) -> None:
     """Pay the imports (and the CUDA context) before the first batch arrives."""
-    import compiler  # noqa: F401
     import triton  # noqa: F401
+
+    import compiler  # noqa: F401
 
     if device.startswith("cuda"):
         import torch
@@ -62,8 +70,10 @@ def _compile_one(
     try:
         if device.startswith("cuda"):
             error = warm_kernel(built, cand.kernel, limits_for(target))
-        else:
+        elif target.device_type == "cuda":
             error = compile_kernel(built, cand.kernel, target)
+        else:
+            error = None  # the interpreter compiles nothing: building was the check
     except Exception as exc:
         return {"error": classify(exc, "build")}
     return {"error": error}
@@ -154,24 +164,6 @@ class Builder:
             self._pool = None
 
 
-def _aot_one(graph_json: dict, schedule_json: dict, target_json: dict, cand_json: dict) -> dict:
-    """Build the candidate and compile its kernel for the target GPU (no GPU needed)."""
-    import compiler
-    from tuner.aot import compile_kernel
-    from tuner.session import TrialSession, classify
-
-    cand = Candidate.from_json(cand_json)
-    session = TrialSession("cpu")
-    session.base = schedule_json
-    try:
-        graph = compiler.from_wire(graph_json)
-        sched = compiler.Schedule.from_json(session._schedule_with(cand))
-        built = compiler.build(graph, sched)
-    except Exception as exc:
-        return {"error": classify(exc, "build")}
-    return {"error": compile_kernel(built, cand.kernel, compiler.Target.from_json(target_json))}
-
-
 def precompile(
     graph_json: dict,
     schedule_json: dict,
@@ -184,11 +176,12 @@ def precompile(
     This is the CPU worker's half of tuning: it needs no GPU, catches what cannot compile or
     does not fit the target's shared memory, and leaves timing to a GPU worker.
     """
-    target_json = target.to_json()
-    args = [(graph_json, schedule_json, target_json, c.to_json()) for c in candidates]
+    loaded = (graph_json, schedule_json, 0)
+    key = canonical([graph_json, schedule_json])
+    args = [("cpu", key, loaded, c.to_json(), target.to_json()) for c in candidates]
     if workers <= 1:
-        results = [_aot_one(*a) for a in args]
+        results = [_compile_one(*a) for a in args]
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            results = list(pool.map(_aot_one, *zip(*args, strict=True)))
+            results = list(pool.map(_compile_one, *zip(*args, strict=True)))
     return {c: r["error"] for c, r in zip(candidates, results, strict=True)}

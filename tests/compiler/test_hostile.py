@@ -294,7 +294,8 @@ _WORDS = ["ref", "dtype", "device", "layout", "memory_format", "float", "name", 
 _leaves = st.one_of(
     st.none(), st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
-    st.sampled_from([0, 1, -1, 2, 3, 2**31, 2**63 - 1, 10**12, 10**5000]),
+    st.sampled_from([0, 1, -1, 2, 3, 2**31, 2**63 - 1, 10**12]),
+    st.just(0).map(lambda _: 10**5000),  # past Python's int-to-str limit
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12), st.sampled_from(_WORDS),
 )
@@ -369,7 +370,12 @@ def test_mutated_graphs_are_accepted_or_refused_cleanly(data, base: int, mutatio
         if not isinstance(doc, (dict, list)) or not doc:
             break
         doc = _mutate(doc, data)
-    obj = json.dumps(doc) if as_text else doc  # text may carry bare NaN/Infinity tokens
+    obj = doc
+    if as_text:
+        try:
+            obj = json.dumps(doc)  # text may carry bare NaN/Infinity tokens
+        except ValueError:  # an int past the str limit has no JSON text: send the dict
+            pass
     try:
         graph = from_wire(obj)
     except WireError:
