@@ -17,7 +17,7 @@ _PUBLIC = {
     "Target": "compiler.keys",
     "tuning_key": "compiler.keys",
     "COMPILER_VERSION": "compiler.keys",
-    "decompositions": "compiler.decompositions",
+    "decompositions": "compiler.decomposition_table",
     "random_inputs": "compiler.inputs",
     # schedules, build and runtime (compiler/schedule.py, compiler/heuristics.py, compiler/runtime.py)
     "Schedule": "compiler.schedule",

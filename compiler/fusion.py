@@ -17,8 +17,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten
 
 from compiler import ops
-from compiler.codegen import NotFusible, Unsupported, generate_kernel
-from compiler.codegen import exprs
+from compiler.codegen import NotFusible, Unsupported, exprs, generate_kernel
 from compiler.codegen import matmul as matmul_codegen
 from compiler.codegen.common import TL_DTYPES, Writer
 from compiler.codegen.reduction import reduction_info
@@ -190,7 +189,7 @@ class _Planner:
             else:
                 return None
         elif group.kind == "matmul":
-            if shape != dom.shape or group.anchors[0] not in deps:
+            if _numel(shape) != _numel(dom.shape) or group.anchors[0] not in deps:
                 return None
             new_kind, new_dom = "matmul", dom
         elif group.kind == "reduction":
@@ -200,7 +199,7 @@ class _Planner:
                 return None
             new_kind, new_dom = "reduction", dom
         else:
-            if shape != dom.shape:
+            if _numel(shape) != _numel(dom.shape):
                 return None
             new_kind, new_dom = "pointwise", dom
         anchors = group.anchors + ([node] if kind == "reduction" else [])
@@ -237,3 +236,10 @@ class _Planner:
                     found.add(arg)
                     todo.append(arg)
         return [n for n in self.nodes if n in found]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -34,12 +34,11 @@ def _bench(fn: Any) -> float:
 
 def ceilings() -> dict[str, float]:
     """Device copy bandwidth (bytes read + written per second) and bf16 matmul FLOP/s."""
-    x = torch.empty(2**28, device="cuda")
-    y = torch.empty_like(x)
-    copy_ms = _bench(lambda: y.copy_(x))
+    src = torch.empty(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = _bench(lambda: dst.copy_(src))
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_ms = _bench(lambda: a @ a)
-    del x, y, a
     return {"copy_bytes_per_s": 2 * 2**28 * 4 / (copy_ms * 1e-3),
             "bf16_flops_per_s": 2 * 8192**3 / (mm_ms * 1e-3)}
 
@@ -60,7 +59,7 @@ def _compare(got: Any, want: Any) -> float:
 
 
 def run_case(case: BenchCase, device: torch.device, timing: bool, out_dir: Path | None,
-             peaks: dict[str, float]) -> dict[str, Any]:
+             peaks: dict[str, float], sweep: bool = False) -> dict[str, Any]:
     import compiler
     from compiler.tracing import trace_inference, trace_training
 
@@ -150,7 +149,63 @@ def run_case(case: BenchCase, device: torch.device, timing: bool, out_dir: Path 
         row["kiln_pct_roofline"] = round(100 * row["roofline_ms"] / row["kiln_ms"], 1)
         row["eager_pct_roofline"] = round(100 * row["roofline_ms"] / row["eager_ms"], 1)
     row["kiln_speedup_vs_eager"] = round(row["eager_ms"] / row["kiln_ms"], 3)
+    replay = max(_compare(built(*gi), _as_tuple(gm(*gi))) for (built, gi), (_, gm, _) in
+                 zip(builts, graphs, strict=True))
+    row["correct_after_replay"] = replay <= 1.0
+    if sweep and not case.train:
+        row["sweep"] = sweep_configs(builts[0][0], graphs[0][1], graphs[0][2])
     return row
+
+
+def _as_tuple(out: Any) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _candidates(kind: str, sizes: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
+    """A few configs around the heuristic's, to see what the heuristic leaves on the table."""
+    if kind == "pointwise":
+        return [("pointwise", {"XBLOCK": x, "num_warps": w, "num_stages": 1})
+                for x, w in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 8))]
+    if kind == "reduction":
+        r = sizes["rnumel"]
+        rb = 1 << (r - 1).bit_length()
+        out = []
+        if rb <= 8192:
+            out += [("persistent", {"XBLOCK": x, "RBLOCK": rb, "num_warps": w, "num_stages": 1})
+                    for x, w in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 16))
+                    if x * rb <= 16384]
+        out += [(v, {"XBLOCK": 1, "RBLOCK": b, "num_warps": w, "num_stages": 1})
+                for v in ("looped", "online") for b, w in ((1024, 4), (2048, 8), (4096, 16))
+                if b < rb]
+        return out
+    return [("triton", {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w,
+                        "num_stages": st})
+            for m, n, k, w, st in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
+                                   (128, 128, 64, 4, 4), (128, 128, 64, 8, 4), (64, 256, 64, 4, 4))
+            ] + [("aten", {})]
+
+
+def sweep_configs(built: Any, gm: Any, gi: list) -> list[dict[str, Any]]:
+    """Time each kernel alone under a few alternative configs (kernel_calls + do_bench)."""
+    import compiler
+
+    found = []
+    for k in built.schedule.kernels:
+        for variant, config in _candidates(k.kind, k.sizes):
+            entry = {"kernel": k.name, "variant": variant, "config": config}
+            try:
+                s = built.schedule.with_kernel(k.name, variant=variant, config=config,
+                                               source_hash=None)
+                calls = compiler.build(gm, s, gi).kernel_calls(*gi)
+                call = next(c for c in calls if c.name == k.name)
+                entry["ms"] = _bench(call.launch)
+            except Exception as exc:  # noqa: BLE001 - a config that fails is a data point
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            found.append(entry)
+        heur = next(c for c in built.kernel_calls(*gi) if c.name == k.name)
+        found.append({"kernel": k.name, "variant": k.variant, "config": k.config, "heuristic": True,
+                      "ms": _bench(heur.launch)})
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--cases", default="", help="comma list of case names (default: all)")
     parser.add_argument("--small", action="store_true", help="shrunk shapes (CPU)")
+    parser.add_argument("--sweep", action="store_true", help="also time a few configs per kernel")
     parser.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for JSON + kernels")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -174,12 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         if wanted and case.name not in wanted:
             continue
         try:
-            row = run_case(case, device, timing, out_dir, peaks)
+            row = run_case(case, device, timing, out_dir, peaks, args.sweep)
         except Exception as exc:  # noqa: BLE001 - one broken case must not hide the others
             log.exception("case %s failed", case.name)
             row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}"}
         results["cases"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("kernels", "sweep")}), flush=True)
         if out_dir:
             (out_dir / "gpu_check.json").write_text(json.dumps(results, indent=1))
     print_table(results)
@@ -192,7 +248,7 @@ def print_table(results: dict[str, Any]) -> None:
     print(f"{'case':<18}{'ok':>4}{'eager':>9}{'inductor':>10}{'kiln':>9}{'roof':>8}{'kiln%':>7}"
           f"{'x eager':>9}{'build s':>9}{'1st s':>7}")
     for r in results["cases"]:
-        def f(key: str, fmt: str = "{:.3f}") -> str:
+        def f(key: str, fmt: str = "{:.3f}", r: dict = r) -> str:
             return fmt.format(r[key]) if key in r else "-"
         print(f"{r['case']:<18}{('yes' if r.get('correct') else 'NO'):>4}{f('eager_ms'):>9}"
               f"{f('inductor_ms'):>10}{f('kiln_ms'):>9}{f('roofline_ms'):>8}"

@@ -90,6 +90,32 @@ def index_ranges(graph: Graph) -> dict[str, int]:
     return ranges
 
 
+# Ops whose input must be positive for a finite result (BatchNorm's running variance
+# reaches them through `add(var, eps)`).
+_NEEDS_POSITIVE = frozenset({
+    "aten.sqrt.default", "aten.rsqrt.default", "aten.log.default", "aten.log2.default",
+    "aten.log10.default", "aten.reciprocal.default",
+})
+_KEEPS_SIGN = frozenset({"aten.add.Tensor", "aten.add.Scalar"})
+
+
+def positive_inputs(graph: Graph) -> set[str]:
+    """Floating inputs that reach sqrt, rsqrt, log or reciprocal through views or an added
+    constant: drawn positive, so that reference outputs are finite."""
+    origin = {i.name: i.name for i in graph.inputs if i.dtype.is_floating_point}
+    positive: set[str] = set()
+    for node in graph.nodes:
+        first = node.args[0] if node.args and isinstance(node.args[0], Ref) else None
+        if first is None or first.name not in origin:
+            continue
+        others_scalar = all(not isinstance(a, Ref) for a in node.args[1:])
+        if node.op in _PASS_THROUGH or (node.op in _KEEPS_SIGN and others_scalar):
+            origin[node.name] = origin[first.name]
+        elif node.op in _NEEDS_POSITIVE:
+            positive.add(origin[first.name])
+    return positive
+
+
 def _pair(value: Any, default: list[int]) -> list[int]:
     value = list(value) if isinstance(value, list) and value else default
     return value * 2 if len(value) == 1 else value
@@ -139,17 +165,19 @@ def _tap(start: torch.Tensor, size: int, kernel: int, dil: int, u: torch.Tensor)
 
 def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str | torch.device = "cpu") -> list[torch.Tensor]:
     """Seeded random tensors for every graph input, honouring dtype, shape, stride and
-    storage offset. Floats are standard normal; integer inputs that feed index ops
-    (embedding, index, gather, scatter, nll_loss targets, pooling indices) are drawn in
-    [0, size of the indexed dim), max-pool indices inside their window; other integers in
-    [0, 16); bools uniform. The values
-    are drawn on the CPU, so they are the same for every device. requires_grad is not set.
+    storage offset. Floats are standard normal, or uniform in [0.5, 1.5) where they reach
+    sqrt/rsqrt/log/reciprocal (`positive_inputs`); integer inputs that feed index ops
+    (embedding, index, gather, scatter, nll_loss targets) are drawn in [0, size of the
+    indexed dim), max-pool indices inside their window; other integers in [0, 16); bools
+    uniform. Values are drawn on the CPU, so every device gets the same ones.
+    requires_grad is not set.
     """
     if not isinstance(graph, Graph):
         graph = from_wire(graph)
     gen = torch.Generator().manual_seed(seed)
     ranges = index_ranges(graph)
     windows = _pool_windows(graph)
+    positive = positive_inputs(graph)
     tensors = []
     for inp in graph.inputs:
         numel = 1
@@ -158,6 +186,8 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
         extent = inp.storage_offset + (1 + sum((s - 1) * st for s, st in zip(inp.shape, inp.stride, strict=True)) if numel else 0)
         if inp.dtype == torch.bool:
             flat = torch.randint(0, 2, (extent,), generator=gen).bool()
+        elif inp.name in positive:
+            flat = (torch.rand(extent, generator=gen) + 0.5).to(inp.dtype)
         elif inp.dtype.is_floating_point or inp.dtype.is_complex:
             draw_dtype = inp.dtype if inp.dtype.itemsize >= 2 and not str(inp.dtype).startswith("torch.float8") else torch.float32
             flat = torch.randn(extent, generator=gen, dtype=draw_dtype).to(inp.dtype)

@@ -56,7 +56,7 @@ def _meta_tensor(m: TensorMeta) -> torch.Tensor:
     if not m.shape:
         base = torch.empty(m.offset + 1, dtype=m.dtype, device="meta")
     else:
-        span = 1 + m.offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride) if s > 0)
+        span = 1 + m.offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride, strict=False) if s > 0)
         base = torch.empty(max(span, 1), dtype=m.dtype, device="meta")
     return base.as_strided(m.shape, m.stride, m.offset)
 
@@ -153,7 +153,7 @@ def _lowered_natively(node: fx.Node) -> bool:
 
 def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
     """Replace composite ops (layer norm, softmax, var, ...) by the primitives they are made of."""
-    from compiler.decompositions import decompositions
+    from compiler.decomposition_table import decompositions
 
     table = decompositions()
     table.update(_KILN_DECOMPS)
@@ -183,7 +183,7 @@ def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
 
     def fn(*tensors: torch.Tensor) -> object:
         values = list(flat)
-        for i, t in zip(positions, tensors):
+        for i, t in zip(positions, tensors, strict=False):
             values[i] = t
         args, kwargs = tree_unflatten(values, spec)
         return decomp(*args, **kwargs)
@@ -195,7 +195,7 @@ def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
         return False
     env: dict[fx.Node, fx.Node] = {}
     sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    for sub_node, i in zip(sub_inputs, positions):
+    for sub_node, i in zip(sub_inputs, positions, strict=False):
         env[sub_node] = flat[i]
     for sub_node in sub.graph.nodes:
         if sub_node.op == "get_attr":

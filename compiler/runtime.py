@@ -21,6 +21,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from compiler import cudagraphs
 from compiler.codegen import generate_kernel
 from compiler.frontend import lower_graph
 from compiler.heuristics import _is_gpu, pointwise_config, schedule_for
@@ -86,6 +87,13 @@ class KernelCall:
     launch: Callable[[], None]
 
 
+class _Const:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 class _Slot:
     __slots__ = ("index",)
 
@@ -94,18 +102,64 @@ class _Slot:
 
 
 class _Args:
-    """Arguments of a call with node references replaced by environment slots."""
+    """Arguments of a call with node references replaced by environment slots.
+
+    Binding is on every call's path, so the usual shapes (positional nodes, constants and
+    flat lists of them; constant keyword arguments) bind without pytree walks."""
 
     def __init__(self, args: Any, slots: dict[fx.Node, int]) -> None:
         flat, self.spec = tree_flatten(args)
         self.flat = [(_Slot(slots[a]) if isinstance(a, fx.Node) else a) for a in flat]
         self.refs = [i for i, a in enumerate(self.flat) if isinstance(a, _Slot)]
+        self.fast: list[Any] | None = None
+        self.kwargs: dict[str, Any] = {}
+        if isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], dict):
+            positional, kwargs = args
+            if not any(isinstance(v, (fx.Node, list, tuple, dict)) for v in kwargs.values()):
+                self.kwargs = dict(kwargs)
+                self.fast = [self._simple(a, slots) for a in positional]
+                if any(a is _COMPLEX for a in self.fast):
+                    self.fast = None
+
+    @staticmethod
+    def _simple(arg: Any, slots: dict[fx.Node, int]) -> Any:
+        if isinstance(arg, fx.Node):
+            return _Slot(slots[arg])
+        if isinstance(arg, (list, tuple)):
+            if any(isinstance(a, (list, tuple, dict)) for a in arg):
+                return _COMPLEX
+            return _List([_Slot(slots[a]) if isinstance(a, fx.Node) else a for a in arg],
+                         type(arg))
+        if isinstance(arg, dict):
+            return _COMPLEX
+        return arg
 
     def bind(self, env: list[Any]) -> Any:
+        if self.fast is not None:
+            return [_value(a, env) for a in self.fast], self.kwargs
         flat = list(self.flat)
         for i in self.refs:
             flat[i] = env[flat[i].index]
         return tree_unflatten(flat, self.spec)
+
+
+_COMPLEX = object()
+
+
+class _List:
+    __slots__ = ("items", "kind")
+
+    def __init__(self, items: list[Any], kind: type) -> None:
+        self.items, self.kind = items, kind
+
+
+def _value(a: Any, env: list[Any]) -> Any:
+    kind = type(a)
+    if kind is _Slot:
+        return env[a.index]
+    if kind is _List:
+        return a.kind(env[x.index] if type(x) is _Slot else x for x in a.items)
+    return a
 
 
 class _Launch:
@@ -220,8 +274,9 @@ class Built:
                                     if isinstance(s, ExternStep)
                                     and op_name(s.node) != "operator.getitem"}
                                    | {op_name(k.anchors[0]) for k, c in
-                                      zip(program.kernels, schedule.kernels) if c.variant == "aten"})
+                                      zip(program.kernels, schedule.kernels, strict=False) if c.variant == "aten"})
         self._execs = execs
+        self._graphs: cudagraphs.GraphRunner | None = None
         self._nslots = len(slots)
         self._inputs = [(slots[p], p.meta.get("kiln_meta")) for p in program.placeholders]
         self._consts = [(slots[n], n.target) for n in program.gm.graph.nodes if n.op == "get_attr"]
@@ -229,6 +284,11 @@ class Built:
         out_node = next(n for n in reversed(program.gm.graph.nodes) if n.op == "output")
         self._outputs = _Args(out_node.args[0], slots)
         self._frees = _last_uses(execs, self._outputs, self._nslots)
+        outs = out_node.args[0]
+        self._flat_outputs = (
+            [slots[a] if isinstance(a, fx.Node) else _Const(a) for a in outs]
+            if isinstance(outs, (tuple, list)) and not any(isinstance(a, (list, tuple, dict)) for a in outs)
+            else None)
 
     @property
     def poison(self) -> bool:
@@ -266,7 +326,7 @@ class Built:
             raise ValueError(f"built graph takes {len(self._inputs)} inputs, got {len(inputs)}")
         env: list[Any] = [None] * self._nslots
         device = torch.device("cpu")
-        for (slot, m), value in zip(self._inputs, inputs):
+        for (slot, m), value in zip(self._inputs, inputs, strict=False):
             if m is not None:
                 _check_input(slot, m, value)
                 device = value.device
@@ -277,12 +337,25 @@ class Built:
             step.run(env, device, record)
             for slot in self._frees[i]:
                 env[slot] = None
+        if self._flat_outputs is not None:
+            return tuple(o.value if type(o) is _Const else env[o] for o in self._flat_outputs)
         out = self._outputs.bind(env)
         return tuple(out) if isinstance(out, list) else out
 
     def __call__(self, *inputs: Any) -> Any:
-        """Run the graph: returns its outputs in wire order."""
+        """Run the graph: returns its outputs in wire order. On CUDA, calls after the
+        first replay a CUDA graph where that is cheaper (see compiler/cudagraphs.py)."""
+        if self._graphs is not None:
+            out = self._graphs(inputs)
+            if out is not None:
+                return out
+        elif self._cuda_inputs(inputs) and cudagraphs.enabled():
+            self._graphs = cudagraphs.GraphRunner(lambda xs: self._run(xs, None))
+            self._graphs(inputs)
         return self._run(inputs, None)
+
+    def _cuda_inputs(self, inputs: Sequence[Any]) -> bool:
+        return any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
 
     def kernel_calls(self, *inputs: Any) -> list[KernelCall]:
         """Run once; one entry per kernel launch, each able to re-launch it alone."""
@@ -294,10 +367,12 @@ class Built:
 def _check_input(slot: int, m: Any, value: Any) -> None:
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"input {slot} must be a tensor")
+    if value.shape == m.shape and value.dtype == m.dtype and value.stride() == m.stride:
+        return
     if tuple(value.shape) != m.shape or value.dtype != m.dtype:
         raise ValueError(f"input {slot}: expected {m.dtype} {list(m.shape)}, "
                          f"got {value.dtype} {list(value.shape)}")
-    for size, have, want in zip(m.shape, value.stride(), m.stride):
+    for size, have, want in zip(m.shape, value.stride(), m.stride, strict=False):
         if size > 1 and have != want:
             raise ValueError(f"input {slot}: expected strides {m.stride}, got {value.stride()}")
 
@@ -354,7 +429,7 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
     choices = []
     execs: list[Any] = []
     by_group = {}
-    for group, choice in zip(groups, schedule.kernels):
+    for group, choice in zip(groups, schedule.kernels, strict=False):
         nodes = tuple(program.origin_names(group.members + group.inlined))
         if choice.kind != group.kind or tuple(choice.nodes) != nodes:
             raise ScheduleMismatch(f"{choice.name}: fusion group differs from this graph's")
@@ -386,7 +461,9 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
             source=gen.source, source_hash=digest, nodes=nodes,
             ops=tuple(program.original_ops[n] for n in nodes)))
         choices.append(replace(choice, source_hash=digest))
-    needed = _needed_views(program)
+    aten_mms = [g.anchors[0] for g, c in zip(groups, choices, strict=True)
+                if g.kind == "matmul" and c.variant == "aten"]
+    needed = _needed_views(program, aten_mms)
     for step in program.steps:
         if isinstance(step, KernelGroup):
             if by_group[id(step)] is not None:
@@ -397,13 +474,13 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
     return Built(program, built_schedule, kernels, execs, slots)
 
 
-def _needed_views(program: Program) -> set[fx.Node]:
+def _needed_views(program: Program, aten_matmuls: list[fx.Node]) -> set[fx.Node]:
     """Views whose tensors something reads at run time (ATen calls, outputs, other views)."""
     views = {s.node for s in program.steps if isinstance(s, ViewStep)}
     out_node = next(n for n in reversed(program.gm.graph.nodes) if n.op == "output")
     needed = {n for n in out_node.all_input_nodes if n in views}
     readers = [s.node for s in program.steps if isinstance(s, ExternStep)]
-    readers += [g.anchors[0] for g in program.kernels if g.kind == "matmul"]
+    readers += aten_matmuls
     for node in readers:
         needed |= {a for a in node.all_input_nodes if a in views}
     changed = True

@@ -34,7 +34,7 @@ from compiler.wire_encode import encode_graph
 from compiler.wire_fx import build_fx, infer_meta
 from compiler.wire_schema import FORMAT, Ref, WireError, encode_float
 
-__all__ = ["FORMAT", "Graph", "WireError", "from_wire", "to_wire"]
+__all__ = ["FORMAT", "Graph", "WireError", "from_wire", "parse_json", "to_graph", "to_wire"]
 
 
 class Graph:
@@ -232,6 +232,13 @@ def _build(doc: Any, wire_limits: WireLimits, require_meta: bool) -> Graph:
     return Graph(canonical, _to_json(canonical))
 
 
+def parse_json(body: str | bytes | bytearray) -> Any:
+    """Decode a request body the way `from_wire` decodes graph text: size limit, UTF-8,
+    no bare NaN/Infinity, no repeated keys, a bounded number of objects; WireError otherwise.
+    For services that receive a graph wrapped in a larger JSON document."""
+    return _decode_text(body, limits())
+
+
 def _decode_text(obj: str | bytes | bytearray, wire_limits: WireLimits) -> Any:
     size = len(obj.encode("utf-8", "surrogatepass")) if isinstance(obj, str) else len(obj)
     if size > wire_limits.max_body_bytes:
@@ -283,6 +290,12 @@ def from_wire(obj: dict[str, Any] | str | bytes | bytearray) -> Graph:
     return _build(obj, wire_limits, require_meta=True)
 
 
+def to_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Graph:
+    """`from_wire(to_wire(gm, example_inputs))` without checking the graph twice."""
+    wire_limits = limits()
+    return _build(encode_graph(gm, example_inputs, wire_limits), wire_limits, require_meta=False)
+
+
 def to_wire(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, Any]:
     """The canonical kiln.graph/1 dict of an aten GraphModule (from AOTAutograd or make_fx).
 
@@ -290,5 +303,4 @@ def to_wire(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, Any]
     requires_grad: tensors, or descriptions with those fields (e.g. `Graph.inputs`). Raises `WireError` naming the node when the graph cannot travel
     (a non-aten op, a symbolic shape, an unsupported argument, a limit passed).
     """
-    wire_limits = limits()
-    return _build(encode_graph(gm, example_inputs, wire_limits), wire_limits, require_meta=False).to_json()
+    return to_graph(gm, example_inputs).to_json()

@@ -40,6 +40,8 @@ def _child(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
+    torch_imported = time.time()
+
     from examples.models import Block
 
     dtype = getattr(torch, args.dtype)
@@ -48,9 +50,9 @@ def _child(args: argparse.Namespace) -> None:
     x = torch.randn(args.batch, args.seq, args.d, device=args.device, dtype=dtype,
                     requires_grad=True)
     grad_out = torch.randn_like(x)
-    if args.case == "eager":
+    if args.child == "eager":
         fn = block
-    elif args.case.startswith("kiln"):
+    elif args.child.startswith("kiln"):
         import kiln.backend
 
         fn = torch.compile(block, backend=kiln.backend.remote_compile)
@@ -62,18 +64,28 @@ def _child(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
     done = time.time()
+    got_out, got_grad = out.detach().float().clone(), x.grad.detach().float().clone()
 
-    # Correctness, outside the timed region: the same step eagerly.
-    got_out, got_grad = out.detach().float(), x.grad.detach().float()
+    # Steady state, for information: the median of a few more steps.
+    steps = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn(x).backward(grad_out)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        steps.append(time.perf_counter() - t0)
     x.grad = None
+
+    # Correctness, outside the timed region: the first step again, eagerly.
     ref = block(x)
     ref.backward(grad_out)
     result = {
-        "case": args.case, "done_at": done,
+        "case": args.child, "done_at": done, "torch_imported_at": torch_imported,
+        "step_ms": sorted(steps)[len(steps) // 2] * 1e3,
         "out_max_abs_diff": (got_out - ref.detach().float()).abs().max().item(),
         "grad_max_abs_diff": (got_grad - x.grad.float()).abs().max().item(),
     }
-    if args.case.startswith("kiln"):
+    if args.child.startswith("kiln"):
         import kiln
 
         result["kiln_stats"] = kiln.stats()
@@ -105,6 +117,7 @@ def _run_case(case: str, args: argparse.Namespace, dirs: dict[str, Path]) -> dic
         return {"case": case, "error": (proc.stderr or proc.stdout)[-2000:], "wall_s": wall}
     result = json.loads(lines[-1].removeprefix("RESULT "))
     result["first_step_s"] = result.pop("done_at") - start
+    result["import_torch_s"] = result.pop("torch_imported_at") - start
     result["process_wall_s"] = wall
     result["warnings"] = [ln for ln in proc.stderr.splitlines() if "kiln:" in ln][:10]
     return result
@@ -144,13 +157,14 @@ def main() -> int:
                "results": results}
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1))
-    print(f"{'case':<24}{'first step s':>14}{'out diff':>12}{'grad diff':>12}")
+    print(f"{'case':<24}{'first step s':>14}{'import torch s':>16}{'step ms':>10}"
+          f"{'out diff':>12}{'grad diff':>12}")
     for r in results:
         if "error" in r:
             print(f"{r['case']:<24}{'ERROR':>14}")
             continue
-        print(f"{r['case']:<24}{r['first_step_s']:>14.2f}{r['out_max_abs_diff']:>12.3g}"
-              f"{r['grad_max_abs_diff']:>12.3g}")
+        print(f"{r['case']:<24}{r['first_step_s']:>14.2f}{r['import_torch_s']:>16.2f}"
+              f"{r['step_ms']:>10.3f}{r['out_max_abs_diff']:>12.3g}{r['grad_max_abs_diff']:>12.3g}")
     return 0 if all("error" not in r for r in results) else 1
 
 

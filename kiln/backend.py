@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -100,6 +101,7 @@ def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
                     resolver: Resolver, kind: str) -> Callable[..., Any]:
     from torch.utils._python_dispatch import _disable_current_modes
 
+    start = time.perf_counter()
     try:
         # Under dynamo the inputs are fake tensors; only their metadata is used here.
         with _disable_current_modes():
@@ -111,16 +113,19 @@ def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
         degrade.warn_once("unsupported", f"{type(exc).__name__}: {exc}")
         degrade.count("eager")
         return make_boxed_func(gm)
+    degrade.add_seconds("wire", time.perf_counter() - start)
     entry = CompiledGraph(gm, key=key, graph=graph, wire=wire, target=target, kind=kind)
     with _lock:
         _compiled.add(entry)
     answer = None
+    start = time.perf_counter()
     try:
         with _disable_current_modes():
             answer = resolver.resolve(entry)
     except Exception as exc:  # degrade to what is installed (or eager)
         degrade.warn_once("build_failed", f"{key[:12]}: {type(exc).__name__}: {exc}")
         log.debug("kiln: resolve failed", exc_info=True)
+    degrade.add_seconds("resolve", time.perf_counter() - start)
     if entry.level == "eager":
         degrade.count("eager")
     if entry.level != "tuned" and not entry.final and resolver.client is not None:

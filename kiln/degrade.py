@@ -60,6 +60,7 @@ class KilnWarning(RuntimeWarning):
 _lock = threading.Lock()
 _warned: set[str] = set()
 _counts: Counter[str] = Counter()
+_seconds: Counter[str] = Counter()
 
 
 def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
@@ -89,7 +90,13 @@ def count(name: str, n: int = 1) -> None:
         _counts[name] += n
 
 
-def stats() -> dict[str, int]:
+def add_seconds(name: str, seconds: float) -> None:
+    """Add to the process-wide time counter `seconds:<name>` (where compile time goes)."""
+    with _lock:
+        _seconds[name] += seconds
+
+
+def stats() -> dict[str, float]:
     """Process-wide counters.
 
     - `schedules_local`: heuristic schedules this process computed itself
@@ -98,11 +105,14 @@ def stats() -> dict[str, int]:
     - `builds`: graphs built into Triton kernels; `eager`: graphs run eagerly
     - `swaps`: tuned schedules swapped in after the first call
     - `fallback:<cause>`: how often each degrade cause happened
+    - `seconds:<step>`: time spent per compile step (`wire`, `resolve`, `build`)
     """
     with _lock:
-        result = {k: 0 for k in ("schedules_local", "schedules_fetched", "schedules_cached",
-                                 "builds", "eager", "swaps", "graphs")}
+        result: dict[str, float] = {k: 0 for k in ("schedules_local", "schedules_fetched",
+                                                   "schedules_cached", "builds", "eager",
+                                                   "swaps", "graphs")}
         result.update(_counts)
+        result.update({f"seconds:{k}": round(v, 4) for k, v in _seconds.items()})
         return result
 
 
@@ -117,3 +127,4 @@ def reset() -> None:
     with _lock:
         _warned.clear()
         _counts.clear()
+        _seconds.clear()

@@ -13,6 +13,7 @@ Order for one graph (`resolve`):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class Resolver:
                               url=url)
             return False
         try:
-            built = compiler.build(entry.graph, schedule)
+            built = self._build(entry, schedule)
         except compiler.ScheduleMismatch as exc:
             degrade.warn_once("hash_mismatch", f"{entry.key[:12]}: {exc}")
             return False
@@ -98,7 +99,7 @@ class Resolver:
         try:
             schedule = compiler.heuristic_schedule(entry.graph, entry.target)
             degrade.count("schedules_local")
-            built = compiler.build(entry.graph, schedule)
+            built = self._build(entry, schedule)
         except NotImplementedError as exc:
             degrade.warn_once("unsupported", f"{entry.key[:12]}: {exc}")
             return False
@@ -110,6 +111,14 @@ class Resolver:
         entry.install(built, "heuristic", "local")
         self._store(entry.key, "heuristic", built)  # a restart skips even the heuristic
         return True
+
+    @staticmethod
+    def _build(entry: CompiledGraph, schedule: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return compiler.build(entry.graph, schedule)
+        finally:
+            degrade.add_seconds("build", time.perf_counter() - start)
 
     def _store(self, key: str, level: str, built: Any) -> None:
         if self.cache is None:
@@ -183,9 +192,10 @@ class Resolver:
         assert self.client is not None
         deadline = time.monotonic() + self.config.wait_timeout
         answer = self._ask(self.client, entry)
+        job_id = answer.job_id if answer is not None else None  # a 200 GET does not repeat it
         try:
             while answer is not None and answer.status not in ("tuned", "failed"):
-                if answer.job_id is not None and self.job_final(answer.job_id):
+                if job_id is not None and self.job_final(job_id):
                     # Nothing better is coming (no tuner for this target, or it failed):
                     # read the schedule once more, in case it landed with the job.
                     answer = self.client.schedule(entry.key)
@@ -199,10 +209,14 @@ class Resolver:
                 answer = self.client.schedule(entry.key)
                 if answer.status == "unknown":  # invalidated or forgotten: submit again
                     answer = self._ask(self.client, entry)
+                if answer is not None and answer.job_id is not None:
+                    job_id = answer.job_id
         except ServiceError as exc:
             self.failed(exc)
         if answer is not None and answer.status == "failed":
             degrade.warn_once("rejected", f"the service failed to build {entry.key[:12]}")
+        if answer is not None and answer.job_id is None and job_id is not None:
+            answer = dataclasses.replace(answer, job_id=job_id)
         return answer
 
     def job_final(self, job_id: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,15 +63,23 @@ def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel:
     return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built), note=note)
 
 
-def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float) -> Outcome:
-    """Tune on this machine's GPU; the tuned schedule with every measurement."""
+def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,
+         device: str | None = None, progress: Callable[[float], None] | None = None) -> Outcome:
+    """Tune on `device` (default: the tuner's choice for the target); the tuned schedule with
+    every measurement. `progress` receives the fraction of the search done."""
     import compiler
     import tuner
 
     graph = compiler.from_wire(wire)
     target = compiler.Target.from_json(target_json)
     start = time.monotonic()
-    result = tuner.tune(graph, target, tuner.Budget(trials=trials, seconds=seconds))
+
+    def report(done: int, total: int, _kernel: str) -> None:
+        if progress is not None and total:
+            progress(done / total)
+
+    result = tuner.tune(graph, target, tuner.Budget(trials=trials, seconds=seconds),
+                        device=device, progress=report)
     built = compiler.build(graph, result.schedule)
     kernels = _kernels(built)
     measurements = [dict(m) for m in result.measurements]

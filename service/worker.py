@@ -28,7 +28,7 @@ from service.queue import BUILD_STREAM, Delivery, QueueUnavailable, tune_stream
 log = logging.getLogger(__name__)
 
 BuildFn = Callable[[str, dict[str, Any], int], pipeline.Outcome]
-TuneFn = Callable[[str, dict[str, Any], int, float], pipeline.Outcome]
+TuneFn = Callable[..., pipeline.Outcome]  # pipeline.tune's signature
 
 
 class WorkerInterrupted(BaseException):
@@ -72,6 +72,7 @@ class Worker:
             self.queue_class, self.streams = queue_class, [tune_stream(queue_class)]
         self._stop = threading.Event()
         self._current: tuple[JobRow, Delivery] | None = None
+        self._progress: float | None = None  # of the job in hand, written by the heartbeat
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.processed = 0
@@ -91,8 +92,14 @@ class Worker:
                     log.warning("queue unavailable (%s); retrying", exc)
                     self._stop.wait(1.0)
                     continue
-                if delivery is not None:
+                if delivery is None:
+                    continue
+                try:
                     self._handle(delivery)
+                except Exception:  # one job's trouble (Redis or the database gone) never ends the worker
+                    log.exception("handling job %s failed; its message stays for a retry",
+                                  delivery.job_id)
+                    self._stop.wait(1.0)
         except WorkerInterrupted:
             log.info("worker %s interrupted", self.id)
         finally:
@@ -140,7 +147,7 @@ class Worker:
             self.ctx.queue.ack(delivery)
             return
         with self._lock:
-            self._current = (job, delivery)
+            self._current, self._progress = (job, delivery), None
         try:
             self._run_job(job, stage, wire, target_json, queue_class, delivery)
         except WorkerInterrupted:
@@ -161,7 +168,8 @@ class Worker:
             if stage == "build":
                 outcome = self._build(wire, target_json, settings.interpret_max_numel)
             else:
-                outcome = self._tune(wire, target_json, settings.tune_trials, settings.tune_seconds)
+                outcome = self._tune(wire, target_json, settings.tune_trials, settings.tune_seconds,
+                                     device=self.device, progress=self._set_progress)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.warning("job %s failed on %s: %s\n%s", job.id, self.id, error, traceback.format_exc())
@@ -188,6 +196,10 @@ class Worker:
         self.ctx.queue.ack(delivery)
         self.processed += 1
 
+    def _set_progress(self, fraction: float) -> None:
+        # Tuning is the second half of a job (the heuristic build was the first).
+        self._progress = 0.5 + 0.5 * min(max(fraction, 0.0), 1.0)
+
     # ---- background ------------------------------------------------------------------------
     def _heartbeat(self) -> None:
         settings = self.ctx.settings
@@ -201,7 +213,8 @@ class Worker:
                         heartbeat_at=utcnow(), status="running",
                         current_job_id=current[0].id if current else None))
                     if current:
-                        store.renew(session, current[0].id, self.id, settings.lease_s)
+                        store.renew(session, current[0].id, self.id, settings.lease_s,
+                                    self._progress)
                 if current:
                     self.ctx.queue.touch(current[1], self.id)
                 since_recovery += settings.heartbeat_s

@@ -75,7 +75,9 @@ def launch_specs(built: Any) -> list[LaunchSpec]:
         signature.update({k: "constexpr" for k in launch.constexprs})
         kernel = getattr(step, "name", launch.name)
         specs.append(
-            LaunchSpec(kernel, fn, signature, dict(launch.constexprs), dict(launch.options))
+            LaunchSpec(
+                kernel, fn, signature, dict(launch.constexprs), dict(launch.options), tuple(dtypes)
+            )
         )
     return specs
 
@@ -123,4 +125,24 @@ def compile_kernel(
             error = compile_for(spec, target, limits)
             if error:
                 return error
+    return None
+
+
+def warm_kernel(built: Any, kernel: str, limits: TargetLimits) -> str | None:
+    """JIT-compile `kernel`'s launches for this process's GPU without running them.
+
+    `warmup` takes dtypes in place of tensors and specialises exactly as a launch on
+    16-byte aligned buffers does, so the compiled binary lands in Triton's cache under the
+    key the runner's launch will look up. The first error, or None.
+    """
+    for spec in launch_specs(built):
+        if spec.kernel != kernel:
+            continue
+        compiled = spec.fn.warmup(*spec.arg_dtypes, grid=(1,), **spec.constexprs, **spec.options)
+        error = shared_memory_error(spec, compiled, limits)
+        if error:
+            return error
+        init = getattr(compiled, "_init_handles", None)
+        if init is not None:
+            init()  # loads the binary: raises OutOfResources where the device says so
     return None

@@ -19,9 +19,12 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from tuner.records import Candidate, canonical
+from tuner.records import OUT_OF_RESOURCES, Candidate, canonical
 
 log = logging.getLogger(__name__)
+
+# Exceptions that condemn the candidate itself (Triton could not compile or fit it).
+VERDICT_ERRORS = ("CompilationError", "OutOfResources", "PTXASError", "MLIRCompilationError")
 
 _graphs: dict[str, tuple[Any, dict]] = {}  # key -> (compiler.Graph, base schedule), per worker
 
@@ -75,7 +78,12 @@ def _compile_one(
         else:
             error = None  # the interpreter compiles nothing: building was the check
     except Exception as exc:
-        return {"error": classify(exc, "build")}
+        verdict = classify(exc, "build")
+        if type(exc).__name__ in VERDICT_ERRORS or verdict.startswith(OUT_OF_RESOURCES):
+            return {"error": verdict}
+        # Anything else may be this worker's problem, not the candidate's: the runner decides.
+        log.warning("compile worker could not compile %s: %s", cand.label(), verdict)
+        return {"error": None}
     return {"error": error}
 
 

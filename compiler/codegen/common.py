@@ -64,6 +64,19 @@ def literal(value: object, dtype: torch.dtype) -> str:
     return f"({v})" if v < 0 else str(v)
 
 
+def cast(op: object, dtype: torch.dtype) -> str:
+    """Operand as Triton source of compute dtype `dtype`."""
+    if isinstance(op, Var):
+        if op.dtype == dtype:
+            return op.name
+        if dtype == torch.bool:
+            return f"({op.name} != 0)"
+        return f"{op.name}.to({tl_dtype(dtype)})"
+    if isinstance(op, (bool, int, float)):
+        return literal(op, dtype)
+    raise Unsupported(f"operand {op!r} is neither a tensor nor a number")
+
+
 def paren(expr: str) -> str:
     """`expr` safe to use as an operand."""
     if expr.isidentifier() or expr.lstrip("-").isdigit() and not expr.startswith("-"):
@@ -112,6 +125,25 @@ def decompose(flat: str, shape: tuple[int, ...]) -> Index:
     return tuple(out)
 
 
+def undecompose(exprs: tuple[str, ...], shape: tuple[int, ...]) -> str | None:
+    """The flat index X when `exprs` is exactly `decompose(X, shape)`, else None."""
+    strides = contiguous_strides(shape)
+    for e, size, st in zip(exprs, shape, strides, strict=True):
+        if size == 1:
+            continue
+        if st == 1:
+            cand = e
+        else:
+            suffix = f" // {st}"
+            if not e.endswith(suffix):
+                return None
+            cand = e[: -len(suffix)]
+            if cand.startswith("(") and _balanced_outer(cand):
+                cand = cand[1:-1]
+        return cand if decompose(cand, shape) == tuple(exprs) else None
+    return None
+
+
 def reshape_index(idx: Index, out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> Index:
     """Index into `in_shape` of the element at `idx` of its reshape to `out_shape`."""
     result = ["0"] * len(in_shape)
@@ -135,9 +167,10 @@ def reshape_index(idx: Index, out_shape: tuple[int, ...], in_shape: tuple[int, .
             result[ga[0]] = idx[gb[0]]
             continue
         sub_out = tuple(out_shape[d] for d in gb)
-        flat = linear([(idx[d], s) for d, s in zip(gb, contiguous_strides(sub_out))])
+        flat = undecompose(tuple(idx[d] for d in gb), sub_out) or linear(
+            [(idx[d], s) for d, s in zip(gb, contiguous_strides(sub_out), strict=False)])
         sub_in = tuple(in_shape[d] for d in ga)
-        for d, expr in zip(ga, decompose(flat, sub_in)):
+        for d, expr in zip(ga, decompose(flat, sub_in), strict=False):
             result[d] = expr
     return tuple(result)
 
@@ -150,10 +183,35 @@ def broadcast_index(idx: Index, out_shape: tuple[int, ...], in_shape: tuple[int,
     return tuple("0" if in_shape[d] == 1 else idx[lead + d] for d in range(len(in_shape)))
 
 
+def merge_dims(idx: Index, m: TensorMeta) -> tuple[Index, TensorMeta]:
+    """Fold runs of dims whose index is the row-major split of one expression, and whose
+    strides nest, into that one expression: (x // 64, x % 64) over strides (64, 1) -> x."""
+    n = len(idx)
+    out_idx, shape, stride = [], [], []
+    i = 0
+    while i < n:
+        for j in range(n, i + 1, -1):
+            run = range(i, j)
+            nested = all(m.stride[k] == m.stride[k + 1] * m.shape[k + 1] for k in run[:-1])
+            flat = nested and undecompose(tuple(idx[k] for k in run), tuple(m.shape[k] for k in run))
+            if flat:
+                out_idx.append(flat)
+                shape.append(math.prod(m.shape[i:j]))
+                stride.append(m.stride[j - 1])
+                i = j
+                break
+        else:
+            out_idx.append(idx[i])
+            shape.append(m.shape[i])
+            stride.append(m.stride[i])
+            i += 1
+    return tuple(out_idx), TensorMeta(m.dtype, tuple(shape), tuple(stride), m.offset)
+
+
 def dense(m: TensorMeta) -> bool:
     """Row-major contiguous, ignoring the strides of size-1 dims."""
     want = contiguous_strides(m.shape)
-    return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, want))
+    return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, want, strict=False))
 
 
 class Writer:
@@ -214,13 +272,14 @@ class Writer:
     def offset(self, m: TensorMeta, idx: Index, *, block: bool = False) -> str:
         """Element offset of `idx` in a buffer of layout `m` (its storage offset is in the
         pointer). With `block`, every index term stays, so the offset keeps its block shape."""
-        if block:  # size-1 and broadcast dims keep a term (x * 0 folds away in compilation)
-            return " + ".join(e if st == 1 else f"{paren(e)} * {st}"
-                              for e, st in zip(idx, m.stride) if e != "0") or "0"
         flat = self.flat_forms.get((idx, m.shape))
         if flat is not None and dense(m):
             return flat
-        return linear([(e, st) for e, st, s in zip(idx, m.stride, m.shape) if s != 1])
+        idx, m = merge_dims(idx, m)
+        if block:  # size-1 and broadcast dims keep a term (x * 0 folds away in compilation)
+            return " + ".join(e if st == 1 else f"{paren(e)} * {st}"
+                              for e, st in zip(idx, m.stride, strict=False) if e != "0") or "0"
+        return linear([(e, st) for e, st, s in zip(idx, m.stride, m.shape, strict=False) if s != 1])
 
     def address(self, node: fx.Node, idx: Index, *, block: bool = False) -> tuple[fx.Node, str]:
         """(buffer node, offset) of the element at `idx`, following views to a buffer."""
@@ -297,7 +356,7 @@ def index_bits(metas: list[TensorMeta]) -> bool:
     """True when some offset or numel of these tensors needs 64-bit indexing."""
     limit = 2**31 - 1
     for m in metas:
-        span = sum((s - 1) * abs(st) for s, st in zip(m.shape, m.stride) if s > 0)
+        span = sum((s - 1) * abs(st) for s, st in zip(m.shape, m.stride, strict=False) if s > 0)
         if m.numel > limit or span > limit:
             return True
     return False

@@ -74,15 +74,23 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
     if batched:
         w.emit(f"rb = tl.program_id(1){cast}")
         lead = ("rb",)
+    w.emit("# rows and columns wrap for loads (the tutorial's trick): only stores are masked")
+    w.emit("ram = rm % M")
+    w.emit("rbn = rn % N")
     w.emit("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
     w.emit("for k0 in range(0, K, BLOCK_K):")
     w.push()
     w.emit("ka = k0 + tl.arange(0, BLOCK_K)[None, :]")
     w.emit("kb = k0 + tl.arange(0, BLOCK_K)[:, None]")
-    a_buf, a_off = w.address(a, lead + ("rm", "ka"), block=True)
-    b_buf, b_off = w.address(b, lead + ("kb", "rn"), block=True)
-    w.emit(f"a = tl.load({w.in_param(a_buf)} + ({a_off}), (rm < M) & (ka < K), other=0.0)")
-    w.emit(f"b = tl.load({w.in_param(b_buf)} + ({b_off}), (kb < K) & (rn < N), other=0.0)")
+    a_buf, a_off = w.address(a, lead + ("ram", "ka"), block=True)
+    b_buf, b_off = w.address(b, lead + ("kb", "rbn"), block=True)
+    a_ptr, b_ptr = f"{w.in_param(a_buf)} + ({a_off})", f"{w.in_param(b_buf)} + ({b_off})"
+    w.emit(f"if {K} % BLOCK_K == 0:  # static: no mask on K when blocks tile it")
+    w.emit(f"    a = tl.load({a_ptr})")
+    w.emit(f"    b = tl.load({b_ptr})")
+    w.emit("else:")
+    w.emit(f"    a = tl.load({a_ptr}, ka < K, other=0.0)")
+    w.emit(f"    b = tl.load({b_ptr}, kb < K, other=0.0)")
     precision = ', input_precision="ieee"' if out.dtype == torch.float32 else ""
     w.emit(f"acc = tl.dot(a, b, acc{precision})")
     w.pop()
@@ -97,10 +105,9 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
     if value != "acc":
         value = w.tmp(value)
     w.anchors[mm] = (natural, value)
+    flat = f"rm * {N} + rn" if not batched else f"rb * {M * N} + rm * {N} + rn"
+    w.flat_forms[(natural, out.shape)] = flat
     for node in group.stored:
-        if meta(node).shape != out.shape:
-            from compiler.codegen.common import NotFusible
-
-            raise NotFusible(f"{node.name} is not the matmul's shape")
-        store(w, node, natural, w.value(node, natural, "mmask"), "mmask", block=True)
+        idx = pointwise.member_index(w, node, natural, out.shape, flat)
+        store(w, node, idx, w.value(node, idx, "mmask"), "mmask", block=True)
     return assemble(w, group.name, comment, ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"])

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from torch import fx
 
-from compiler.codegen.common import Generated, Writer, assemble, define_dims, store
+from compiler.codegen.common import (
+    Generated,
+    Index,
+    NotFusible,
+    Writer,
+    assemble,
+    define_dims,
+    reshape_index,
+    store,
+)
 from compiler.ir import KernelGroup, meta
 
 
@@ -20,10 +29,29 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str],
     natural = define_dims(w, "xindex", shape, "x")
     w.flat_forms[(natural, shape)] = "xindex"
     for node in members if members is not None else group.stored:
-        if meta(node).shape != shape:
-            from compiler.codegen.common import NotFusible
-
-            raise NotFusible(f"{node.name} has shape {meta(node).shape}, kernel {shape}")
-        var = w.value(node, natural, "xmask")
-        store(w, node, natural, var, "xmask")
+        idx = member_index(w, node, natural, shape, "xindex")
+        store(w, node, idx, w.value(node, idx, "xmask"), "xmask")
     return assemble(w, group.name, comment, ["XBLOCK"])
+
+
+def member_index(w: Writer, node: fx.Node, natural: Index, shape: tuple[int, ...], flat: str) -> Index:
+    """Index of `node` (same element count as the domain, maybe another shape) at the
+    domain's `natural` index; its row-major flat offset is the domain's `flat`."""
+    m = meta(node).shape
+    if m == shape:
+        return natural
+    numel = 1
+    for s in m:
+        numel *= s
+    if numel != group_numel(shape):
+        raise NotFusible(f"{node.name} has shape {m}, kernel {shape}")
+    idx = reshape_index(natural, shape, m)
+    w.flat_forms[(idx, m)] = flat
+    return idx
+
+
+def group_numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

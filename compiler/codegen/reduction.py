@@ -293,9 +293,12 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
                 continue
             fused = [s for s, m in pairs.items() if m in nodes]
             for n in nodes:
-                reducers[n].init()
+                if n in pairs.values():  # online: one running max and sum per row
+                    w.emit(f"{reducers[n].acc} = tl.full([XBLOCK, 1], float(\"-inf\"), tl.float32)")
+                else:
+                    reducers[n].init()
             for s in fused:
-                w.emit(f"sum{reducers[s].k} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+                w.emit(f"sum{reducers[s].k} = tl.zeros([XBLOCK, 1], tl.float32)")
             full = open_rows(loop=True)
             for n in nodes:
                 r = reducers[n]
@@ -305,17 +308,16 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
                 else:
                     r.accumulate(v)
             w.pop()
+            rows = full_index(("rindex",) * len(dom.rdims))
             for n in nodes:
                 r = reducers[n]
-                var = r.finish(r.acc, r.idx_acc)
-                _set_anchor(w, infos[n], var, full_index(tuple("rindex" for _ in dom.rdims)))
+                if n not in pairs.values():
+                    _set_anchor(w, infos[n], r.finish(r.acc, r.idx_acc), rows)
+                    continue
+                _set_anchor(w, infos[n], r.acc, rows)
                 for s in fused:
                     if pairs[s] is n:
-                        rs = reducers[s]
-                        scaled = (f"tl.where({r.acc} == float(\"-inf\"), 0.0, "
-                                  f"sum{rs.k} * tl.exp({r.acc} - {var}))")
-                        total = w.tmp(f"tl.sum({scaled}, 1)[:, None]", prefix=f"red{rs.k}_")
-                        _set_anchor(w, infos[s], total, full_index(("rindex",) * len(dom.rdims)))
+                        _set_anchor(w, infos[s], f"sum{reducers[s].k}", rows)
         if full_members:
             full = open_rows(loop=True)
     if variant != "persistent" and not full_members:
@@ -333,11 +335,12 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
 
 
 def _online_step(w: Writer, r: _Reducer, v: str, sums: list[_Reducer]) -> None:
-    """Running max with the sums of exp(x - max) rescaled as the max grows."""
-    new = w.tmp(f"tl.maximum({r.acc}, {v})")
+    """Running row max, and the row sums of exp(x - max) rescaled when the max grows:
+    one exp per element (masked lanes hold -inf, so they add exp(-inf) = 0)."""
+    new = w.tmp(f"tl.maximum({r.acc}, tl.max({v}, 1)[:, None])")
     for s in sums:
-        w.emit(f"sum{s.k} = tl.where({new} == float(\"-inf\"), 0.0, "
-               f"sum{s.k} * tl.exp({r.acc} - {new}) + tl.where(rowmask, tl.exp({v} - {new}), 0.0))")
+        w.emit(f"sum{s.k} = tl.where({new} == float(\"-inf\"), 0.0, sum{s.k} * tl.exp({r.acc} - {new})"
+               f" + tl.sum(tl.exp({v} - {new}), 1)[:, None])")
     w.emit(f"{r.acc} = {new}")
 
 

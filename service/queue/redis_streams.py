@@ -91,15 +91,23 @@ class RedisStreamQueue(JobQueue):
             return None
 
     def touch(self, delivery: Delivery, consumer: str) -> None:
-        self._call(self.client.xclaim, keys.stream(self.prefix, delivery.stream), keys.GROUP,
-                   consumer, 0, [delivery.message_id], justid=True)
+        try:
+            self._call(self.client.xclaim, keys.stream(self.prefix, delivery.stream), keys.GROUP,
+                       consumer, 0, [delivery.message_id], justid=True)
+        except ResponseError as exc:  # Redis lost the group: the database lease still holds
+            if "NOGROUP" not in str(exc):
+                raise
 
     def ack(self, delivery: Delivery) -> None:
         key = keys.stream(self.prefix, delivery.stream)
         pipe = self.client.pipeline()
         pipe.xack(key, keys.GROUP, delivery.message_id)
         pipe.xdel(key, delivery.message_id)
-        self._call(pipe.execute)
+        try:
+            self._call(pipe.execute)
+        except ResponseError as exc:  # the message went with a Redis restart: nothing to settle
+            if "NOGROUP" not in str(exc):
+                raise
 
     def depth(self) -> dict[str, int]:
         names = sorted(n.decode() for n in self._call(self.client.smembers,

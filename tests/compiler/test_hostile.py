@@ -383,3 +383,13 @@ def test_mutated_graphs_are_accepted_or_refused_cleanly(data, base: int, mutatio
     canonical = graph.to_json()
     assert from_wire(canonical).to_json() == canonical
     graph.to_fx()
+
+
+def test_parse_json_applies_the_text_checks_to_wrapped_bodies() -> None:
+    from compiler.wire import parse_json
+
+    assert parse_json(b'{"graph": {"a": 1}, "target": {}}') == {"graph": {"a": 1}, "target": {}}
+    for body, message in ((b'{"a": NaN}', "bare NaN"), (b'{"a": 1, "a": 2}', "repeats a key"),
+                          (b"\x80", "not UTF-8"), (b"[" * 100_000, "nested too deeply|not valid JSON")):
+        with pytest.raises(WireError, match=message):
+            parse_json(body)

@@ -10,6 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from compiler import Graph, WireError, decompositions, from_wire, random_inputs, to_wire
+from compiler.wire import to_graph
 from tests.corpus import case, case_names
 
 
@@ -52,6 +53,11 @@ def test_from_wire_accepts_dict_text_and_bytes() -> None:
     text = json.dumps(wire)
     for form in (wire, text, text.encode("utf-8"), bytearray(text.encode("utf-8"))):
         assert from_wire(form).to_json() == wire
+
+
+def test_to_graph_equals_from_wire_of_to_wire() -> None:
+    c = case("convnet.train_fwd")
+    assert to_graph(c.gm, c.example_inputs).canonical_text() == from_wire(to_wire(c.gm, c.example_inputs)).canonical_text()
 
 
 def test_names_are_canonical_positions() -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import pickle
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,11 +77,30 @@ def test_hostile_json_bodies_get_a_clear_4xx(client: TestClient, name: str) -> N
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"\x80\x04\x95pickle", b"null", b"[" * 100_000,
-                                 b'{"graph": NaN, "target": Infinity}'])
+                                 b'{"graph": NaN, "target": Infinity}', b"\xff\xfe\x00",
+                                 b'{"graph": ' + b"9" * 5000 + b', "target": {}}',
+                                 '{"graph": "\ud800"}'.encode("utf-8", "surrogatepass")])
 def test_undecodable_bodies_get_422(client: TestClient, raw: bytes) -> None:
     r = client.post("/v1/graphs", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 422, r.text[:300]
     assert r.json()["error"]["code"] in ("invalid_json", "invalid_request", "invalid_graph")
+
+
+class _Exploit:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_is_refused_and_never_run(client: TestClient, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    for content_type in ("application/json", "application/octet-stream"):
+        r = client.post("/v1/graphs", content=pickle.dumps(_Exploit(str(marker))),
+                        headers={"content-type": content_type})
+        assert r.status_code == 422
+    assert not marker.exists()
 
 
 def test_too_large_bodies_get_413(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:

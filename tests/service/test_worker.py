@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -96,7 +97,12 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
     assert job["status"] == "queued" and job["progress"] == 0.5
     assert pg_ctx.queue.depth().get(tune_stream("cuda-sm_90")) == 1
 
-    def tuned(_wire: str, _target: dict, _trials: int, _seconds: float) -> Outcome:
+    seen: dict = {}
+
+    def tuned(_wire: str, _target: dict, _trials: int, _seconds: float, device: str,
+              progress: Callable[[float], None]) -> Outcome:
+        seen["device"] = device
+        progress(1.0)
         out = _ok("", {}, 0)
         out.timings = {"eager_ms": 2.0, "heuristic_ms": 1.5, "tuned_ms": 1.0, "tuning_s": 3.0}
         out.measurements = [{"kernel": "k0", "variant": "pointwise", "config": {"XBLOCK": 64},
@@ -110,6 +116,7 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
     finally:
         gpu.stop()
         gpu.join(10)
+    assert seen["device"] == "cuda:0"
     with pg_ctx.transaction() as session:
         entry = store.schedule_by_key(session, served_key)
         assert entry.status == "tuned" and entry.tuned_ms == 1.0

@@ -84,3 +84,26 @@ def test_random_ops_see_the_same_rng_state() -> None:
     torch.manual_seed(99)  # anything in between must not matter
     assert ref.check(dropout) is None
     assert ref.check(dropout) is None
+
+
+def test_more_accurate_than_eager_passes_against_the_float64_run() -> None:
+    """Eager rounds x + 16 to bf16 before going back to fp32; a kernel that keeps fp32 is
+    closer to the truth, and a float64 run of the graph shows it, so it is not 'wrong'."""
+
+    def eager(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x + 16).float() - 16,)
+
+    x = torch.randn(4096).to(torch.bfloat16)
+    ref = Reference.from_module(eager, [x])
+    assert ref.outputs64 is not None
+    exact = lambda t: (t.float(),)  # noqa: E731
+    assert mismatch(exact(x)[0], ref.outputs[0]) is not None  # the plain tolerance says no
+    assert ref.check(exact) is None  # ...but it is closer to float64 than eager is
+    assert ref.check(lambda t: (t.float() * 1.2,)) is not None  # wrong stays wrong
+
+    def one_wrong_element(t: torch.Tensor) -> tuple[torch.Tensor]:
+        out = t.float()
+        out[7] += 5.0
+        return (out,)
+
+    assert ref.check(one_wrong_element) is not None

@@ -9,8 +9,6 @@ convolutions, attention, embedding backward).
 from __future__ import annotations
 
 import functools
-import sys
-import types
 from collections.abc import Callable
 
 import torch
@@ -79,14 +77,3 @@ def decompositions() -> dict[torch._ops.OpOverload, Callable]:
     """kiln's decomposition table (a fresh dict each call; callers may extend it)."""
     return dict(_table())
 
-
-class _CallableModule(types.ModuleType):
-    """`compiler.decompositions` names both this module and the function: once the module
-    is imported, the import system binds it over the package's lazy export, so calling
-    the module must do what calling the function does."""
-
-    def __call__(self) -> dict[torch._ops.OpOverload, Callable]:
-        return decompositions()
-
-
-sys.modules[__name__].__class__ = _CallableModule
