@@ -18,7 +18,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-MAX_COPY_BYTES = 64 << 20  # staged inputs + cloned outputs per call, at most
+# Copies into and out of a graph cost memory traffic that plain launches do not: allow
+# about what launch overhead costs, 4 MiB of copies per step the graph replaces.
+COPY_BYTES_PER_STEP = 4 << 20
 
 
 def enabled() -> bool:
@@ -33,8 +35,9 @@ def _nbytes(t: torch.Tensor) -> int:
 class GraphRunner:
     """Captures `run(inputs)` once inputs' addresses are known, then replays it."""
 
-    def __init__(self, run: Callable[[Sequence[Any]], Any]) -> None:
+    def __init__(self, run: Callable[[Sequence[Any]], Any], steps: int) -> None:
         self.run = run
+        self.max_copy_bytes = steps * COPY_BYTES_PER_STEP
         self.first_ptrs: list[int] | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed = False
@@ -64,6 +67,8 @@ class GraphRunner:
         return self._clone_outputs()
 
     def _clone_outputs(self) -> Any:
+        if isinstance(self.outputs, torch.Tensor):  # a graph whose output is one tensor
+            return self.outputs.clone()
         return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
 
     def _capture(self, inputs: Sequence[Any], ptrs: list[int]) -> Any:
@@ -72,7 +77,7 @@ class GraphRunner:
         self.staged = [i for i in tensors if ptrs[i] != self.first_ptrs[i]]
         self.direct = [(i, ptrs[i]) for i in tensors if i not in self.staged]
         copy_bytes = sum(_nbytes(inputs[i]) for i in self.staged)
-        if copy_bytes > MAX_COPY_BYTES or any(inputs[i].requires_grad for i in self.staged):
+        if copy_bytes > self.max_copy_bytes or any(inputs[i].requires_grad for i in self.staged):
             self.failed = True
             return None
         self.static = list(inputs)
@@ -93,8 +98,9 @@ class GraphRunner:
             log.info("kiln: CUDA graph capture failed (%s); running without", exc)
             self.failed = True
             return None
-        out_bytes = sum(_nbytes(o) for o in outputs if isinstance(o, torch.Tensor))
-        if copy_bytes + out_bytes > MAX_COPY_BYTES:
+        flat = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
+        out_bytes = sum(_nbytes(o) for o in flat if isinstance(o, torch.Tensor))
+        if copy_bytes + out_bytes > self.max_copy_bytes:
             self.failed = True
             return None
         self.graph, self.outputs = graph, outputs

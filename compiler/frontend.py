@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import fx
 
 from compiler.ir import Program, TensorMeta
@@ -62,5 +63,7 @@ def _fx_hash(gm: fx.GraphModule, metas: list[Any]) -> str:
             h.update(repr(t).encode())
         for name, buf in sorted(gm.named_buffers()):
             h.update(name.encode())
-            h.update(buf.detach().cpu().contiguous().numpy().tobytes())
+            raw = buf.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype
+            h.update(str(buf.dtype).encode())
+            h.update(raw.numpy().tobytes())
         return h.hexdigest()

@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--cases", default="", help="comma list of case names (default: all)")
     parser.add_argument("--small", action="store_true", help="shrunk shapes (CPU)")
-    parser.add_argument("--sweep", action="store_true", help="also time a few configs per kernel")
+    parser.add_argument("--sweep", default="", help="comma list of cases whose kernels are also "
+                        "timed under a few other configs")
     parser.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for JSON + kernels")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         if wanted and case.name not in wanted:
             continue
         try:
-            row = run_case(case, device, timing, out_dir, peaks, args.sweep)
+            row = run_case(case, device, timing, out_dir, peaks, case.name in args.sweep.split(","))
         except Exception as exc:  # noqa: BLE001 - one broken case must not hide the others
             log.exception("case %s failed", case.name)
             row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}"}

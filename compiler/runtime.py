@@ -185,13 +185,14 @@ class _Launch:
             return self._interpreted
         return self.fn
 
-    def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
+    def run(self, env: list[Any], device: torch.device, record: list | None) -> Callable[[], None]:
+        """Launch on `env`'s buffers; returns a closure that launches again on the same ones."""
         for slot, shape, stride, dtype in self.outs:
             env[slot] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             if self.poison:
                 _poison(env[slot])
         if self.empty:
-            return
+            return _nothing
         args = [env[s] for s in self.in_slots] + [env[o[0]] for o in self.outs]
         fn = self.kernel_for(device)
 
@@ -201,6 +202,11 @@ class _Launch:
         launch()
         if record is not None:
             record.append(KernelCall(self.name, launch))
+        return launch
+
+
+def _nothing() -> None:
+    return None
 
 
 def _poison(t: torch.Tensor) -> None:
@@ -237,14 +243,14 @@ class _AtenMatmul:
         self.name, self.call, self.epilogue = name, call, epilogue
 
     def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
-        self.call.run(env, device, None)
-        if self.epilogue is not None:
-            self.epilogue.run(env, device, None)
+        args, kwargs = self.call.args.bind(env)
+        target = self.call.target
+        env[self.call.slot] = target(*args, **kwargs)
+        epilogue = self.epilogue.run(env, device, None) if self.epilogue is not None else _nothing
         if record is not None:
-            def launch() -> None:
-                self.call.run(env, device, None)
-                if self.epilogue is not None:
-                    self.epilogue.run(env, device, None)
+            def launch() -> None:  # the ATen call's result is dropped: the epilogue's input stays
+                target(*args, **kwargs)
+                epilogue()
             record.append(KernelCall(self.name, launch))
 
 
@@ -350,7 +356,7 @@ class Built:
             if out is not None:
                 return out
         elif self._cuda_inputs(inputs) and cudagraphs.enabled():
-            self._graphs = cudagraphs.GraphRunner(lambda xs: self._run(xs, None))
+            self._graphs = cudagraphs.GraphRunner(lambda xs: self._run(xs, None), len(self._execs))
             self._graphs(inputs)
         return self._run(inputs, None)
 

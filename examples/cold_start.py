@@ -145,18 +145,21 @@ def main() -> int:
     dirs = {name: root / name for name in ("kiln_cache", "kiln_kernels", "kiln_triton",
                                             "inductor", "inductor_triton")}
     dirs["root"] = root
-    results = []
-    for case in args.cases.split(","):
-        repeats = 1 if case in ("kiln_populate", "inductor_cold") else args.repeats
-        for _ in range(repeats):
-            result = _run_case(case, args, dirs)
-            results.append(result)
-            print(json.dumps({k: v for k, v in result.items() if k != "warnings"}), flush=True)
+    results: list[dict] = []
     summary = {"shape": {"d": args.d, "heads": args.heads, "batch": args.batch,
                          "seq": args.seq, "dtype": args.dtype, "device": args.device},
                "results": results}
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=1))
+    for case in args.cases.split(","):
+        repeats = 1 if case in ("kiln_populate", "inductor_cold") else args.repeats
+        for _ in range(repeats):
+            try:
+                result = _run_case(case, args, dirs)
+            except subprocess.TimeoutExpired:
+                result = {"case": case, "error": f"timed out after {args.timeout}s"}
+            results.append(result)
+            print(json.dumps({k: v for k, v in result.items() if k != "warnings"}), flush=True)
+            if args.out:  # after every case: a run cut short still leaves its numbers
+                args.out.write_text(json.dumps(summary, indent=1))
     print(f"{'case':<24}{'first step s':>14}{'import torch s':>16}{'step ms':>10}"
           f"{'out diff':>12}{'grad diff':>12}")
     for r in results:

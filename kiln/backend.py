@@ -61,6 +61,7 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         degrade.warn_once("config", str(exc))
         degrade.count("eager")
         return gm
+
     def compiler_for(kind: str) -> Callable[..., Any]:
         return functools.partial(compile_graph, config=config, kind=kind)
 
@@ -181,8 +182,10 @@ def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
 
 
 def _device_of(example_inputs: Sequence[Any]) -> torch.device:
+    """The accelerator the graph runs on (a CPU scalar tensor beside CUDA inputs does not
+    make it a CPU graph); the CPU when every input is on it."""
     for x in example_inputs:
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return x.device
     return torch.device("cpu")
 

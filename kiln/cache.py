@@ -115,3 +115,8 @@ class ScheduleCache:
                 os.unlink(tmp)
             raise
         return True
+
+    def discard(self, key: str) -> None:
+        """Remove the entry for `key` (one that could not be used), if present."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path(key).unlink()

@@ -27,6 +27,19 @@ def _settings(**overrides: Any) -> Any:
         raise SystemExit(f"kiln: invalid configuration: {exc}") from None
 
 
+def _require_migrated(url: str) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from service.migrate import pending
+
+    try:
+        problem = pending(url)
+    except OperationalError as exc:
+        raise SystemExit(f"kiln: cannot reach the database: {exc.orig}") from None
+    if problem:
+        raise SystemExit(f"kiln: {problem}")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """API + (embedded) worker in one process."""
     import secrets
@@ -40,6 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from service.migrate import upgrade
 
         upgrade(settings.database_url)  # embedded default: the SQLite file needs no setup step
+    _require_migrated(settings.database_url)
     embedded = settings.redis_url is None or args.worker
     if embedded:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU targets are checked on the interpreter
@@ -67,7 +81,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from service.context import ServiceContext
     from service.worker import Worker, install_signal_handlers
 
-    ctx = ServiceContext(_settings())
+    settings = _settings()
+    _require_migrated(settings.database_url)
+    ctx = ServiceContext(settings)
     worker = Worker(ctx, device=args.device)
     install_signal_handlers(worker)
     try:
@@ -148,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["tune"]:  # the tuner's CLI parses its own arguments
         return cmd_tune(argv[1:])
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        from service.logs import configure
+    except ImportError:  # the client install has no service package: plain logging
+        logging.basicConfig(level=args.log_level.upper())
+    else:
+        configure(args.log_level)
     return int(args.func(args) or 0)
 
 

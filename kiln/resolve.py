@@ -128,6 +128,13 @@ class Resolver:
         except (OSError, ValueError, TypeError) as exc:
             degrade.warn_once("cache", f"{self.cache.root}: {exc}")
 
+    def _discard(self, key: str) -> None:
+        assert self.cache is not None
+        try:
+            self.cache.discard(key)
+        except OSError as exc:
+            degrade.warn_once("cache", f"{self.cache.root}: {exc}")
+
     # -- the whole search --------------------------------------------------------------------
 
     def resolve(self, entry: CompiledGraph) -> Answer | None:
@@ -138,7 +145,8 @@ class Resolver:
             cached = self.cache.get(entry.key)
             if cached is not None:
                 level = "tuned" if cached.status == "tuned" else "heuristic"
-                self.build_from(entry, cached.schedule, level, "cache")
+                if not self.build_from(entry, cached.schedule, level, "cache"):
+                    self._discard(entry.key)  # unusable here: let a good entry replace it
                 if entry.level == "tuned":
                     return None
         answer = None

@@ -25,6 +25,7 @@ from service.models import (
     WorkerRow,
     utcnow,
 )
+from service.queue import QueueUnavailable
 
 STATUSES = ("pending", "heuristic", "tuned", "failed", "invalidated")
 _BEST_MS = func.coalesce(ScheduleRow.tuned_ms, ScheduleRow.heuristic_ms)
@@ -148,7 +149,8 @@ def retune(session: Session, key: str) -> dict[str, Any] | None:
 
 
 def stats(session: Session, queue: Any = None) -> dict[str, Any]:
-    """Counts for the stats page. `queue` is a JobQueue, a mapping of depths, or None."""
+    """Counts for the stats page. `queue` is a JobQueue, a mapping of depths, or None; an
+    unreachable queue gives an empty `queue_depth`."""
     by_status = dict.fromkeys(STATUSES, 0)
     for status, n in session.execute(select(ScheduleRow.status, func.count())
                                      .group_by(ScheduleRow.status)):
@@ -171,7 +173,10 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
     elif isinstance(queue, Mapping):
         depth = dict(queue)
     else:
-        depth = queue.depth()
+        try:
+            depth = queue.depth()
+        except QueueUnavailable:  # the counts from the database still stand
+            depth = {}
     now = utcnow()
     workers = [
         {"id": w.id, "device": w.device, "queue_class": w.queue_class, "status": w.status,
@@ -196,3 +201,9 @@ def list_jobs(session: Session, status: str | None = None, limit: int = 100) -> 
     if status:
         query = query.where(JobRow.status == status)
     return {"items": [store.job_dict(session, j) for j in session.scalars(query)]}
+
+
+def job_counts(session: Session) -> dict[tuple[str, str], int]:
+    """Number of jobs per (stage, status)."""
+    return {(stage, status): n for stage, status, n in session.execute(
+        select(JobRow.stage, JobRow.status, func.count()).group_by(JobRow.stage, JobRow.status))}

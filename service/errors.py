@@ -7,7 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -70,6 +70,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(OperationalError, _db_down)
     app.add_exception_handler(PoolTimeout, _db_down)
+
+    @app.exception_handler(DataError)
+    async def _unstorable(_req: Request, exc: DataError) -> JSONResponse:
+        # Values only reach the database from requests: one it cannot store (a NUL byte, a
+        # number out of range) is the client's to fix.
+        reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+        return error_response(422, "invalid_request", f"a value in the request cannot be stored: {reason}")
 
     @app.exception_handler(DBAPIError)
     async def _db_error(req: Request, exc: DBAPIError) -> JSONResponse:

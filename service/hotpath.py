@@ -54,22 +54,30 @@ class ScheduleReader:
         self._made = 0
 
     async def lookup(self, key: str) -> Lookup | None:
+        """What the database holds for `key`; raises DatabaseUnavailable when it is down."""
         if not self._pg:
             return await run_in_threadpool(self._lookup_sync, key)
         import psycopg
 
-        conn = await self._acquire()
-        try:
-            cur = await conn.execute(_SQL, (key,), prepare=True)
-            row = await cur.fetchone()
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            await self._discard(conn)
-            raise DatabaseUnavailable(str(exc)) from exc
-        except BaseException:
-            await self._discard(conn)
-            raise
-        self._release(conn)
-        return Lookup(*row) if row else None
+        for attempt in (1, 2):
+            conn = await self._acquire()
+            try:
+                cur = await conn.execute(_SQL, (key,), prepare=True)
+                row = await cur.fetchone()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # A broken connection means the others are suspect too (a database restart):
+                # drop them all, and try once more on a fresh one.
+                await self._discard(conn)
+                await self._drain()
+                if attempt == 2:
+                    raise DatabaseUnavailable(str(exc)) from exc
+                continue
+            except BaseException:
+                await self._discard(conn)
+                raise
+            self._release(conn)
+            return Lookup(*row) if row else None
+        raise AssertionError("unreachable")
 
     def _lookup_sync(self, key: str) -> Lookup | None:
         with self.ctx.engine.connect() as conn:
@@ -108,8 +116,10 @@ class ScheduleReader:
         except Exception:  # already broken
             log.debug("closing a broken connection failed", exc_info=True)
 
+    async def _drain(self) -> None:
+        while self._pool is not None and not self._pool.empty():
+            await self._discard(self._pool.get_nowait())
+
     async def close(self) -> None:
         """Close pooled connections."""
-        while self._pool is not None and not self._pool.empty():
-            await self._pool.get_nowait().close()
-        self._made = 0
+        await self._drain()

@@ -18,6 +18,11 @@ LOOKUPS = Counter("kiln_lookups_total", "Schedule lookups by outcome", ["outcome
 SUBMISSIONS = Counter("kiln_submissions_total", "Graph submissions", ["result"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("kiln_queue_depth", "Unsettled messages per stream", ["stream"],
                     registry=REGISTRY)
+# Read from the database at scrape time: workers run in other processes.
+ENTRIES = Gauge("kiln_entries", "Schedule entries by status", ["status"], registry=REGISTRY)
+JOBS = Gauge("kiln_jobs", "Jobs by stage and status", ["stage", "status"], registry=REGISTRY)
+WORKERS = Gauge("kiln_workers_alive", "Workers with a recent heartbeat", ["device"],
+                registry=REGISTRY)
 
 
 class MetricsMiddleware:

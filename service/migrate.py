@@ -7,12 +7,20 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
+
+def migrations_folder() -> Path:
+    """The `migrations` package folder: beside `service/` both in a checkout and in an
+    installed wheel (found this way, not by import, so that an editable install made before
+    the folder existed still finds it)."""
+    folder = Path(__file__).resolve().parents[1] / "migrations"
+    if not (folder / "alembic.ini").is_file():
+        raise RuntimeError(f"kiln's migrations are missing: no {folder / 'alembic.ini'}")
+    return folder
 
 
 def alembic_config(url: str) -> Config:
     """Alembic config for the packaged migrations folder, pointed at `url`."""
-    folder = Path(migrations.__file__).parent
+    folder = migrations_folder()
     config = Config(str(folder / "alembic.ini"))
     config.set_main_option("script_location", str(folder))
     config.set_main_option("version_locations", str(folder / "versions"))
@@ -23,3 +31,22 @@ def alembic_config(url: str) -> Config:
 def upgrade(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision`."""
     command.upgrade(alembic_config(url), revision)
+
+
+def pending(url: str) -> str | None:
+    """None when the database is at the latest revision, else a sentence saying what to do."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+    if current == head:
+        return None
+    return (f"the database is at revision {current or 'none'}, not {head}: "
+            "run `kiln db upgrade` first")

@@ -145,6 +145,12 @@ def _tune_loaded(
     import compiler
 
     runner.load(graph_json, base, seed)
+    starts = [
+        Candidate.make(k["name"], k["variant"], {} if k["variant"] == "aten" else k["config"])
+        for k in base["kernels"]
+    ]
+    if hasattr(runner, "prepare"):
+        runner.prepare(starts)  # compile every kernel's heuristic point at once, in parallel
     errors: list[str] = []
     eager = runner.time_graph(None)
     heuristic = runner.time_graph(base)
@@ -157,21 +163,10 @@ def _tune_loaded(
     searches: list[KernelSearch] = []
     pruned: list[int] = []
     # Phase 1: every kernel's heuristic point, timed once: the baseline and the weights.
-    starts = [
-        Candidate.make(k["name"], k["variant"], {} if k["variant"] == "aten" else k["config"])
-        for k in kernels
-    ]
-    if hasattr(runner, "prepare"):
-        runner.prepare(starts)  # compile every kernel's heuristic point at once, in parallel
-    for i, kernel in enumerate(kernels):
+    for i, (kernel, start) in enumerate(zip(kernels, starts, strict=True)):
         if progress:
             progress(i, 2 * len(kernels), kernel["name"])
         space, dropped = candidates(kernel, target)
-        start = Candidate.make(
-            kernel["name"],
-            kernel["variant"],
-            {} if kernel["variant"] == "aten" else kernel["config"],
-        )
         search = KernelSearch(space, start, runner, clock, share=0)
         search.baseline()
         searches.append(search)

@@ -127,9 +127,13 @@ def kiln_path(
 
 
 def tune_graphs(graphs: list, target: Any, runner: Any, budget: Any, strategy: str) -> dict:
+    from collections import Counter
+
     from tuner.api import tune
 
     schedules, kernels, trials, seconds, errors = [], [], 0, 0.0, []
+    failures: Counter[str] = Counter()
+    per_graph = []
     for graph, _ins, _gm in graphs:
         result = tune(graph, target, budget, runner=runner, strategy=strategy)
         schedules.append(result.schedule)
@@ -138,6 +142,13 @@ def tune_graphs(graphs: list, target: Any, runner: Any, budget: Any, strategy: s
         seconds += result.seconds
         errors.extend(result.errors)
         failed = [m for m in result.measurements if m["error"]]
+        failures.update(m["error"].split(":", 1)[0] for m in failed)
+        per_graph.append(
+            {
+                k: getattr(result, k)
+                for k in ("eager_ms", "heuristic_ms", "best_ms", "trials", "seconds")
+            }
+        )
         log.info(
             "tuned a graph: %d trials (%d failed) in %.1f s",
             result.trials,
@@ -150,4 +161,6 @@ def tune_graphs(graphs: list, target: Any, runner: Any, budget: Any, strategy: s
         "trials": trials,
         "tuning_s": seconds,
         "tune_errors": errors,
+        "failed_trials": dict(failures),
+        "graphs": per_graph,
     }

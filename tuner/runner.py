@@ -230,7 +230,7 @@ class Runner:
                 noise=float(reply.get("noise") or 0.0),
             )
             m.extra["seconds"] = time.monotonic() - started
-            for key in ("scope", "source_hash"):
+            for key in ("scope", "source_hash", "verification"):
                 if reply.get(key) is not None:
                     m.extra[key] = reply[key]
             out.append(m)

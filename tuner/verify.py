@@ -28,6 +28,8 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
 
 # A candidate may be this many times further from the float64 result than eager is.
 FP64_MULTIPLIER = 3.0
+# The heuristic build may serve as a second reference only within this many tolerances.
+LOOSE_FACTOR = 10.0
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float, float]:
@@ -115,6 +117,8 @@ class Reference:
     rng: tuple[torch.Tensor, torch.Tensor | None]
     device: torch.device
     outputs64: list[Any] | None = None  # the same graph on float64 inputs, when it runs
+    baseline: list[Any] | None = None  # the heuristic build's outputs (see adopt_baseline)
+    rule: str = "eager"  # which rule passed the last check: eager | float64 | baseline
 
     @classmethod
     def compute(cls, graph: Any, seed: int = 0, device: str = "cpu") -> Reference:
@@ -158,9 +162,16 @@ class Reference:
             torch.cuda.synchronize(self.device)
         if len(got) != len(self.outputs):
             return f"returned {len(got)} outputs, the graph has {len(self.outputs)}"
+        self.rule = "eager"
         for i, (o, r) in enumerate(zip(got, self.outputs, strict=True)):
             reason = mismatch(o, r, f"output {i}")
-            if reason and not self._closer_to_float64(i, o, r, reason):
+            if not reason:
+                continue
+            if self._closer_to_float64(i, o, r, reason):
+                self.rule = "float64" if self.rule == "eager" else self.rule
+            elif self._like_baseline(i, o, r, reason):
+                self.rule = "baseline"
+            else:
                 return reason
         for i, (live, after) in enumerate(zip(self.inputs, self.mutated_after, strict=True)):
             if isinstance(after, torch.Tensor):
@@ -169,11 +180,48 @@ class Reference:
                     return reason
         return None
 
+    def adopt_baseline(self, run: Callable[..., Any]) -> str | None:
+        """Check the heuristic build; when it misses eager by rounding amplified through an
+        ill-conditioned graph (random inputs: huge attention logits, random saved statistics)
+        but stays within LOOSE_FACTOR of the tolerance, keep its outputs as a second
+        reference for the candidates. Returns the heuristic's miss, or None."""
+        reason = self.check(run)
+        if reason is None or not _is_tolerance_miss(reason):
+            return reason
+        self.restore()
+        with torch.no_grad():
+            got = [_clone(o) for o in _as_list(run(*self.inputs))]
+        self.restore()
+        for o, r in zip(got, self.outputs, strict=True):
+            if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel():
+                norm_tol = tolerance(r.dtype)[0]
+                rel = _rms(o.double() - r.double()) / max(_rms(r.double()), 1e-30)
+                if rel > LOOSE_FACTOR * norm_tol:
+                    return reason  # too far to be rounding: no second reference
+        self.baseline = got
+        return reason
+
+    def _like_baseline(self, i: int, out: Any, ref: Any, reason: str) -> bool:
+        """A tolerance miss that the heuristic build shares: `out` matches the heuristic's
+        output and is no further from eager than FP64_MULTIPLIER times the heuristic is."""
+        if self.baseline is None or not _is_tolerance_miss(reason):
+            return False
+        base = self.baseline[i]
+        if not isinstance(base, torch.Tensor) or mismatch(out, base) is not None:
+            return False
+        r = ref.double()
+        out_diff, base_diff = out.detach().to(ref.device).double() - r, base.double() - r
+        slack = 1e-7 * _rms(r)
+        return all(
+            measure(out_diff) <= FP64_MULTIPLIER * measure(base_diff) + slack
+            for measure in (_rms, _max_abs)
+        )
+
     def _closer_to_float64(self, i: int, out: Any, ref: Any, reason: str) -> bool:
         """Whether a tolerance miss is only rounding: `out` is within FP64_MULTIPLIER times
         the reference's own distance from the float64 run (Inductor's rule). A kernel that
         keeps fp32 where eager rounds to bf16 is more accurate than eager, not wrong."""
-        if self.outputs64 is None or not ("relative error" in reason or "elements off" in reason):
+        if self.outputs64 is None or not _is_tolerance_miss(reason):
             return False
         r64 = self.outputs64[i]
         if not (isinstance(r64, torch.Tensor) and r64.is_floating_point()):
@@ -189,6 +237,10 @@ class Reference:
         )
 
 
+def _is_tolerance_miss(reason: str) -> bool:
+    return "relative error" in reason or "elements off" in reason
+
+
 def _rms(t: torch.Tensor) -> float:
     finite = t[torch.isfinite(t)]
     return float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
@@ -199,6 +251,35 @@ def _max_abs(t: torch.Tensor) -> float:
     return float(finite.abs().max()) if finite.numel() else 0.0
 
 
+class _Float64Interpreter(torch.fx.Interpreter):
+    """Runs an aten graph in float64; an op with no float64 kernel (flash attention) runs
+    in float32, else bfloat16, and its floating results come back as float64."""
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        try:
+            return super().call_function(target, args, kwargs)
+        except Exception:
+            for dtype in (torch.float32, torch.bfloat16):
+                try:
+                    a, k = _cast(args, torch.float64, dtype), _cast(kwargs, torch.float64, dtype)
+                    return _cast(target(*a, **k), None, torch.float64)
+                except Exception:  # noqa: S112 - try the next precision
+                    continue
+            raise
+
+
+def _cast(tree: Any, source: torch.dtype | None, dtype: torch.dtype) -> Any:
+    """Cast floating tensors in a pytree (only those of `source` dtype, when given)."""
+
+    def one(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            if source is None or t.dtype == source:
+                return t.to(dtype)
+        return t
+
+    return torch.utils._pytree.tree_map(one, tree)
+
+
 def _float64_outputs(module: Callable[..., Any], ref: Reference) -> list[Any] | None:
     """The graph's outputs with every floating input upcast to float64, or None if it fails."""
     inputs = [
@@ -207,8 +288,11 @@ def _float64_outputs(module: Callable[..., Any], ref: Reference) -> list[Any] | 
     ]
     try:
         with torch.no_grad():
-            out = _as_list(module(*inputs))
-    except Exception:  # an op without a float64 kernel: verify by tolerance alone
+            if isinstance(module, torch.fx.GraphModule):
+                out = _as_list(_Float64Interpreter(module).run(*inputs))
+            else:
+                out = _as_list(module(*inputs))
+    except Exception:  # nothing runs at higher precision: verify by tolerance alone
         return None
     if len(out) != len(ref.outputs):
         return None

@@ -56,6 +56,8 @@ def test_aten_variant_matches_and_is_reported() -> None:
     built.poison = True
     assert_matches(built(x, w, b), fn(x, w, b), TOL[torch.float32])
     assert built.fallback_ops == ["aten.addmm.default"]
+    (call,) = built.kernel_calls(x, w, b)
+    call.launch()  # the ATen call and its epilogue again, on buffers the call keeps
     assert built.kernels[0].source != compiler.build(gm, s, [x, w, b]).kernels[0].source
 
 

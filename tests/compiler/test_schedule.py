@@ -133,3 +133,26 @@ def test_wrong_input_layout_is_refused() -> None:
         built(inputs[0].t().contiguous().t(), *inputs[1:])
     with pytest.raises(ValueError, match="inputs"):
         built(*inputs[:2])
+
+
+def test_64_bit_indexing_only_where_sizes_need_it() -> None:
+    from compiler.ir import TensorMeta
+
+    small = TensorMeta(torch.float16, (1024, 1024), (1024, 1))
+    big = TensorMeta(torch.float16, (65536, 65536), (65536, 1))  # 2^32 elements: metas only
+    x = rand((2, 2), torch.float16, seed=20)
+    gm = trace(lambda x: torch.relu(x) * 2, x)
+    for m, wide in ((small, False), (big, True)):
+        s = compiler.heuristic_schedule(gm, None, [m])
+        source = compiler.build(gm, s, [m]).kernels[0].source
+        assert ("tl.program_id(0).to(tl.int64)" in source) == wide
+
+
+def test_gpu_target_schedule_runs_under_the_interpreter() -> None:
+    """A CPU worker checks heuristic builds for GPU targets with the Triton interpreter."""
+    graph = _wire_graph()
+    target = compiler.Target.named("sm_90", name="NVIDIA H200")
+    built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
+    assert built.kernels[0].config["num_warps"] > 1
+    inputs = compiler.random_inputs(graph, seed=2)
+    assert_matches(built(*inputs), graph.to_fx()(*inputs))

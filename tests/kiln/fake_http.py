@@ -26,7 +26,7 @@ def json_reply(status: int, doc: Any) -> Reply:
 class FakeServer:
     """Serve `handler` on 127.0.0.1 in a daemon thread; use as a context manager."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, port: int = 0) -> None:
         self.handler = handler
         self.requests: list[tuple[str, str, Any, dict[str, str]]] = []
         outer = self
@@ -47,12 +47,15 @@ class FakeServer:
                 if status == 0:  # close the connection without answering
                     self.close_connection = True
                     return
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up first (timeout tests)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 self._serve("GET")
@@ -60,7 +63,8 @@ class FakeServer:
             def do_POST(self) -> None:  # noqa: N802
                 self._serve("POST")
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _H)
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _H)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"

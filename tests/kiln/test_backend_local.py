@@ -74,6 +74,7 @@ def test_service_answering_garbage_trains_correctly_with_one_warning(kiln_warnin
         kiln.configure(url=srv.url, retries=0)
         want = train_mlp(backend=None)
         assert_close_losses(train_mlp(), want)
+        backend.shutdown()  # the poller keeps asking the garbage server; stop it first
     assert causes(kiln_warnings) == {"malformed": 1}
     assert kiln.stats()["schedules_local"] == 2
 
@@ -148,6 +149,8 @@ def test_hash_mismatch_in_the_local_cache_is_a_miss(kiln_warnings, kiln_state):
     assert_close_losses(train_mlp(steps=2), want)
     assert causes(kiln_warnings) == {"hash_mismatch": 1}
     assert kiln.stats()["schedules_local"] == 2
+    # the unusable entries were replaced by the good local ones
+    assert {cache.get(g.key).status for g in backend.compiled_graphs()} == {"heuristic"}
 
 
 def test_wait_mode_takes_the_tuned_schedule_and_caches_it(kiln_warnings, kiln_state):
@@ -216,6 +219,30 @@ def test_async_mode_starts_at_once_and_swaps_the_tuned_schedule_in_between_calls
     assert stats["swaps"] == 1 and stats["schedules_fetched"] == 1
 
 
+def test_a_service_that_comes_back_later_gets_the_graph_and_its_tuned_schedule_swapped_in(
+        kiln_warnings):
+    port = free_port()
+    kiln.configure(url=f"http://127.0.0.1:{port}", mode="async", poll_interval=0.05)
+    model = SeedMLP(16, 32, 10).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        want = model(x)
+        compiled = torch.compile(model, backend="kiln")
+        torch.testing.assert_close(compiled(x), want)  # service down: local heuristic
+        (graph,) = backend.compiled_graphs()
+        assert graph.level == "heuristic"
+        service = TunedLater(pending_polls=0)
+        with FakeServer(service, port=port):
+            deadline = time.monotonic() + 60
+            while graph.level != "tuned" and time.monotonic() < deadline:
+                torch.testing.assert_close(compiled(x), want)
+                time.sleep(0.05)
+            backend.shutdown()
+        torch.testing.assert_close(compiled(x), want)
+    assert graph.level == "tuned" and service.bodies  # the poller submitted the graph
+    assert causes(kiln_warnings) == {"unreachable": 1}
+
+
 def test_dynamic_shapes_warn_once_and_compile_per_concrete_shape(kiln_warnings):
     kiln.configure(url=None)
     torch.manual_seed(0)
@@ -234,6 +261,47 @@ def test_dynamic_shapes_warn_once_and_compile_per_concrete_shape(kiln_warnings):
     stats = kiln.stats()
     # forward and backward, once per concrete shape (3 and 5), reused for the second 3
     assert stats["schedules_local"] == 4 and stats["eager"] == 0, stats
+
+
+@torch.library.custom_op("kilntest::scaled", mutates_args=())
+def _scaled(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+@_scaled.register_fake
+def _(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_an_unsupported_op_runs_eagerly_with_one_warning(kiln_warnings):
+    kiln.configure(url=None)
+    model = SeedMLP(16, 32, 10).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        for factor in (2.0, 3.0):  # two graphs (the factor is a constant), one warning
+            fn = torch.compile(lambda x, f=factor: _scaled(model(x), f), backend="kiln")
+            torch.testing.assert_close(fn(x), model(x) * factor)
+    assert causes(kiln_warnings) == {"unsupported": 1}
+    assert kiln.stats()["eager"] == 2
+
+
+def test_a_hung_service_costs_one_timeout_not_one_per_graph(kiln_warnings):
+    def hang(method, path, body):
+        time.sleep(3)
+        return json_reply(503, {})
+
+    with FakeServer(hang) as srv:
+        # poll_interval: keep the background poller out of the count below
+        kiln.configure(url=srv.url, request_timeout=0.5, retries=0, poll_interval=60)
+        want = train_mlp(steps=2, backend=None)
+        start = time.monotonic()
+        assert_close_losses(train_mlp(steps=2), want)
+        elapsed = time.monotonic() - start
+        backend.shutdown()
+    assert causes(kiln_warnings) == {"timeout": 1}
+    assert len(srv.requests) == 1  # the forward's POST timed out; the backward did not ask
+    assert kiln.stats()["fallback:timeout"] == 2
+    assert elapsed < 30  # one 0.5 s timeout plus local builds, no hang
 
 
 def test_a_bad_environment_value_runs_eagerly_with_one_clear_warning(kiln_warnings,

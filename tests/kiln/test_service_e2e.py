@@ -20,7 +20,7 @@ from kiln import backend
 from tests.kiln.helpers import assert_close_losses, causes, train_gpt, train_mlp
 from tests.kiln.service_proc import ROOT, ServiceProcess
 
-pytestmark = [pytest.mark.usefixtures("kiln_state"), pytest.mark.xdist_group("kiln_service")]
+pytestmark = pytest.mark.usefixtures("kiln_state")
 
 
 @pytest.fixture

@@ -84,12 +84,14 @@ def start_api(tmp: Path, port: int, **env: str) -> tuple[Proc, str]:
     return proc, url
 
 
-def start_worker(tmp: Path, name: str, delay: float | None = None, **env: str) -> Proc:
-    """Start `kiln worker --device cpu`, or with `delay` the stand-in build worker."""
+def start_worker(tmp: Path, name: str, delay: float | None = None, die: bool = False,
+                 **env: str) -> Proc:
+    """Start `kiln worker --device cpu`, or with `delay` the stand-in build worker (which
+    with `die` exits abruptly inside every build)."""
     if delay is None:
         return Proc(["worker", "--device", "cpu"], service_env(**env), tmp / f"worker-{name}.log")
-    return Proc(["--delay", str(delay)], service_env(**env), tmp / f"worker-{name}.log",
-                module="tests.service.worker_proc")
+    return Proc(["--delay", str(delay), *(["--die"] if die else [])], service_env(**env),
+                tmp / f"worker-{name}.log", module="tests.service.worker_proc")
 
 
 def _healthy(url: str) -> bool:

@@ -140,3 +140,7 @@ def test_health_ready_metrics(client: TestClient) -> None:
     client.get(f"/v1/schedules/{'c' * 64}")
     metrics = client.get("/metrics").text
     assert 'kiln_http_requests_total{method="GET",route="/v1/schedules/{key}",status="404"}' in metrics
+    client.post("/v1/graphs", json=wire_body())
+    metrics = client.get("/metrics").text
+    assert 'kiln_entries{status="pending"} 1.0' in metrics
+    assert 'kiln_jobs{stage="build",status="queued"} 1.0' in metrics

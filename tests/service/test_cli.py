@@ -36,6 +36,7 @@ def test_db_upgrade_and_token_create(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_bad_arguments_get_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(SystemExit, match="--device must be cpu or cuda:N"):
         main(["worker", "--device", "gpu0"])
     monkeypatch.setenv("KILN_DATABASE_URL", "mysql://nope")
@@ -55,3 +56,15 @@ def test_compose_runs_migrations_first_and_checks_health() -> None:
     gpu = services["gpu-worker-0"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     assert gpu["command"][-1] == "cuda:0" and services["cpu-worker"]["command"][-1] == "cpu"
+
+
+def test_serve_and_worker_refuse_an_unmigrated_database(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # `kiln worker --device cpu` sets it; restore
+    monkeypatch.setenv("KILN_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    with pytest.raises(SystemExit, match="cannot reach the database"):
+        main(["worker", "--device", "cpu"])
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    monkeypatch.setenv("KILN_DATABASE_URL", url)
+    with pytest.raises(SystemExit, match="run `kiln db upgrade` first"):
+        main(["worker", "--device", "cpu"])

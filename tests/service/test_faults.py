@@ -44,6 +44,14 @@ def _post_until_accepted(url: str, body: dict, timeout: float = 30) -> dict:
     return wait_for(attempt, timeout, "the API never accepted the submission", interval=0.3)
 
 
+def _concurrent_gets(url: str, key: str, n: int = 8) -> list[int]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: httpx.get(f"{url}/v1/schedules/{key}", timeout=10)
+                             .status_code, range(n)))
+
+
 @pytest.fixture
 def procs() -> Iterator[list]:
     started: list = []
@@ -110,6 +118,7 @@ def test_postgres_stopped_answers_503_and_recovers(
         procs.append(start_worker(tmp_path, "w", delay=0, **env))
         first = _post_until_accepted(url, wire_body(CASES[0]))
         wait_for(lambda: _job(url, first["job_id"])["status"] == "done", 30)
+        assert _concurrent_gets(url, first["key"]) == [200] * 8  # several pooled connections
         pg.stop()
         for r in (httpx.get(f"{url}/v1/schedules/{first['key']}", timeout=10),
                   httpx.post(f"{url}/v1/graphs", json=wire_body(CASES[1]), timeout=10)):
@@ -118,7 +127,8 @@ def test_postgres_stopped_answers_503_and_recovers(
         assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503
         pg.start()
         wait_for(lambda: httpx.get(f"{url}/readyz", timeout=10).status_code == 200, 30)
-        assert httpx.get(f"{url}/v1/schedules/{first['key']}", timeout=10).status_code == 200
+        # Every pooled connection died with the server: none may surface as an error now.
+        assert _concurrent_gets(url, first["key"]) == [200] * 8
         second = _post_until_accepted(url, wire_body(CASES[1]))
         wait_for(lambda: _job(url, second["job_id"])["status"] == "done", 30)
         stats = httpx.get(f"{url}/v1/admin/stats", headers=ADMIN, timeout=10).json()
@@ -154,3 +164,25 @@ def test_sigterm_finishes_the_job_in_hand_and_a_second_gives_it_back(
     job = _job(url, second)
     assert job["status"] == "queued" and job["attempts"] == 0, job
     assert job["history"][-1]["message"] == "worker stopped; job given back"
+
+
+def test_a_job_that_kills_every_worker_ends_failed_after_n_attempts(
+        tmp_path: Path, postgres_url: str, redis_url: str, redis_prefix: str, procs: list) -> None:
+    upgrade(postgres_url)
+    env = {**_env(postgres_url, redis_url, redis_prefix), "KILN_LEASE_S": "1",
+           "KILN_MAX_ATTEMPTS": "2"}
+    api, url = start_api(tmp_path, free_port(), **env)
+    procs.append(api)
+    job_id = _post_until_accepted(url, wire_body())["job_id"]
+    for i in range(3):  # a supervisor restarting the worker after each crash
+        worker = start_worker(tmp_path, f"doomed-{i}", delay=0, die=True, **env)
+        procs.append(worker)
+        wait_for(lambda w=worker: w.popen.poll() is not None
+                 or _job(url, job_id)["status"] == "failed", 60, worker.log)
+        if _job(url, job_id)["status"] == "failed":
+            break
+    job = _job(url, job_id)
+    # Two workers died in the build; the third found the job out of attempts.
+    assert i == 2 and worker.popen.poll() is None, job
+    assert job["attempts"] == 3 and "gave up after 2 attempts" in job["error"]
+    assert "died" in job["error"]

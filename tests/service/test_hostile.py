@@ -15,7 +15,9 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
+from schemathesis.generation import GenerationMode
 
 from service.api.app import create_app
 from service.context import ServiceContext
@@ -117,6 +119,15 @@ def test_too_large_bodies_get_413(client: TestClient, monkeypatch: pytest.Monkey
     assert r.status_code == 413
 
 
+def test_values_the_database_cannot_store_are_422(client: TestClient) -> None:
+    for r in (client.post("/v1/graphs", json=wire_body(tag="a\x00b")),
+              client.get("/v1/admin/entries", params={"q": "ab\x00"}, headers=ADMIN),
+              client.get("/v1/admin/entries", params={"tag": "\x00"}, headers=ADMIN)):
+        assert r.status_code == 422 and "cannot be stored" in r.json()["error"]["message"]
+    r = client.post("/v1/admin/entries/ab%00/invalidate", headers=ADMIN)
+    assert r.status_code == 404
+
+
 def test_malformed_authorization_is_401(client: TestClient) -> None:
     for header in ("Basic abc", "Bearer", "Bearer    ", "token"):
         r = client.get("/v1/admin/stats", headers={"Authorization": header})
@@ -124,17 +135,25 @@ def test_malformed_authorization_is_401(client: TestClient) -> None:
 
 
 def test_schemathesis_finds_no_server_error(pg_ctx: ServiceContext) -> None:
-    """Examples generated from every operation of the OpenAPI spec, sent with an admin
-    token (so admin routes are reached): none may answer 5xx."""
+    """Valid and invalid examples generated from every operation of the OpenAPI spec, sent
+    with an admin token (so admin routes are reached): none may answer 5xx."""
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(ctx=pg_ctx))
     operations = [result.ok() for result in schema.get_all_operations()]
     assert any(op.path == "/v1/graphs" for op in operations)
+    exercised = 0
     for operation in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-        @settings(max_examples=15, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=operation.as_strategy())
-        def check(case: Any) -> None:
-            case.call_and_validate(headers=ADMIN, checks=[not_a_server_error])
+            @settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(case=operation.as_strategy(generation_mode=mode))
+            def check(case: Any) -> None:
+                case.call_and_validate(headers=ADMIN, checks=[not_a_server_error])
 
-        check()
+            try:
+                check()
+            except Unsatisfiable:  # an operation without inputs has no invalid form
+                assert mode is GenerationMode.NEGATIVE
+                continue
+            exercised += 1
+    assert exercised > len(operations)  # valid and invalid examples both ran

@@ -72,3 +72,13 @@ def test_a_heuristic_never_replaces_a_tuned_schedule(pg_ctx: ServiceContext) -> 
         assert store.publish_schedule(session, sub.key, "tuned", {"kernels": []}, [], {"tuned_ms": 1.0})
         assert not store.publish_schedule(session, sub.key, "heuristic", {"kernels": []}, [], {})
         assert store.schedule_by_key(session, sub.key).status == "tuned"
+
+
+def test_migrations_create_exactly_the_models(pg_ctx: ServiceContext) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from service.models import Base
+
+    with pg_ctx.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []

@@ -107,3 +107,31 @@ def test_more_accurate_than_eager_passes_against_the_float64_run() -> None:
         return (out,)
 
     assert ref.check(one_wrong_element) is not None
+
+
+def _amplifying(scale: float, nudge: float):
+    """A graph whose bf16 rounding is amplified (exp of a scaled value), and a 'heuristic
+    build' that rounds one input differently: both legitimate, yet far apart."""
+
+    def eager(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (((x * 1.1).to(torch.bfloat16).float() * scale).exp(),)
+
+    def heuristic(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (((x * 1.1 * (1 + nudge)).to(torch.bfloat16).float() * scale).exp(),)
+
+    return eager, heuristic
+
+
+def test_heuristic_build_becomes_a_second_reference_only_near_eager() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4096) * 0.002
+    eager, heuristic = _amplifying(400.0, 2**-9)
+    ref = Reference.from_module(eager, [x])
+    assert ref.check(heuristic) is not None  # the plain tolerance misses (0.7% > 0.2%)
+    assert ref.adopt_baseline(heuristic) is not None and ref.baseline is not None
+    assert ref.check(heuristic) is None and ref.rule == "baseline"
+    assert ref.check(lambda t: (heuristic(t)[0] * 1.05,)) is not None  # wrong stays wrong
+    # A heuristic far outside rounding (10x the tolerance) is never adopted.
+    gross = Reference.from_module(eager, [x])
+    assert gross.adopt_baseline(lambda t: (heuristic(t)[0] * 2,)) is not None
+    assert gross.baseline is None

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from service import admin_queries
 from service.api.deps import Admin, Ctx
+from service.api.routes.schedules import KEY_RE
 from service.errors import ApiError
 from service.queue import QueueUnavailable
 
@@ -17,6 +18,12 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 def _bad(exc: ValueError) -> ApiError:
     return ApiError(422, "invalid_request", str(exc))
+
+
+def _known_key(key: str) -> str:
+    if not KEY_RE.match(key):
+        raise ApiError(404, "not_found", "no such entry: a key is 64 lowercase hex digits")
+    return key
 
 
 @router.get("/entries")
@@ -40,7 +47,7 @@ def entries(ctx: Ctx, _who: Admin, q: str | None = Query(None, max_length=64),
 def entry(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
     """One entry with kernels, sources, measurements and its job."""
     with ctx.transaction() as session:
-        detail = admin_queries.entry_detail(session, key)
+        detail = admin_queries.entry_detail(session, _known_key(key))
     if detail is None:
         raise ApiError(404, "not_found", f"no entry {key}")
     return detail
@@ -50,7 +57,7 @@ def entry(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
 def invalidate(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
     """Withdraw an entry's schedule."""
     with ctx.transaction() as session:
-        item = admin_queries.invalidate(session, key)
+        item = admin_queries.invalidate(session, _known_key(key))
     if item is None:
         raise ApiError(404, "not_found", f"no entry {key}")
     return item
@@ -60,7 +67,7 @@ def invalidate(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
 def retune(key: str, ctx: Ctx, _who: Admin) -> JSONResponse:
     """Queue the entry for tuning again."""
     with ctx.transaction() as session:
-        job = admin_queries.retune(session, key)
+        job = admin_queries.retune(session, _known_key(key))
     if job is None:
         raise ApiError(404, "not_found", f"no entry {key}")
     return JSONResponse(job, status_code=202)

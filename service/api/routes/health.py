@@ -7,8 +7,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from service import admin_queries
 from service.api.deps import Client, Ctx
-from service.metrics import QUEUE_DEPTH, REGISTRY
+from service.metrics import ENTRIES, JOBS, QUEUE_DEPTH, REGISTRY, WORKERS
 from service.queue import QueueUnavailable
 
 router = APIRouter(tags=["health"])
@@ -50,4 +51,17 @@ def metrics(ctx: Ctx, _who: Client) -> Response:
             QUEUE_DEPTH.labels(stream).set(n)
     except QueueUnavailable:
         pass
+    with ctx.transaction() as session:
+        stats = admin_queries.stats(session)
+        for status, n in stats["entries_by_status"].items():
+            ENTRIES.labels(status).set(n)
+        for (stage, status), n in admin_queries.job_counts(session).items():
+            JOBS.labels(stage, status).set(n)
+    alive: dict[str, int] = {}
+    for w in stats["workers"]:
+        if w["status"] == "running" and w["heartbeat_age_s"] < max(3 * ctx.settings.heartbeat_s, 15):
+            kind = "cpu" if w["device"] == "cpu" else "cuda"
+            alive[kind] = alive.get(kind, 0) + 1
+    for kind in ("cpu", "cuda"):
+        WORKERS.labels(kind).set(alive.get(kind, 0))
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -22,12 +22,19 @@ def fused_addmm_relu_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, BLOCK_M: tl.constexp
     pid_n = (pid % num_pid_in_group) // group_size_m
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
+    # rows and columns wrap for loads (the tutorial's trick): only stores are masked
+    ram = rm % M
+    rbn = rn % N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ka = k0 + tl.arange(0, BLOCK_K)[None, :]
         kb = k0 + tl.arange(0, BLOCK_K)[:, None]
-        a = tl.load(in_ptr0 + (rm * 16 + ka), (rm < M) & (ka < K), other=0.0)
-        b = tl.load(in_ptr1 + (rn * 16 + kb), (kb < K) & (rn < N), other=0.0)
+        if 16 % BLOCK_K == 0:  # static: no mask on K when blocks tile it
+            a = tl.load(in_ptr0 + (ram * 16 + ka))
+            b = tl.load(in_ptr1 + (rbn * 16 + kb))
+        else:
+            a = tl.load(in_ptr0 + (ram * 16 + ka), ka < K, other=0.0)
+            b = tl.load(in_ptr1 + (rbn * 16 + kb), kb < K, other=0.0)
         acc = tl.dot(a, b, acc, input_precision="ieee")
     mmask = (rm < M) & (rn < N)
     tmp0 = tl.load(in_ptr2 + rn, mmask, other=0)

@@ -1,0 +1,34 @@
+"""GPU twins of the local backend tests: training through kiln on CUDA matches eager.
+Skipped without CUDA; the CPU twins (Triton interpreter) are in test_backend_local.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+from examples.models import GPT, GPTConfig, gpt_batches, train
+from kiln import backend
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("kiln_state"),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt_trains_on_cuda_through_kiln_like_eager(dtype):
+    kiln.configure(url=None)
+    cfg = GPTConfig(vocab=256, seq=64, d=128, heads=4, layers=2)
+    batches = gpt_batches(cfg, batch=4, steps=5, device="cuda")
+    losses = {}
+    for name in ("eager", "kiln"):
+        torch.manual_seed(0)
+        model = GPT(cfg).to("cuda", dtype)
+        fn = torch.compile(model, backend="kiln") if name == "kiln" else model
+        losses[name] = train(fn, batches)  # the compiled module shares model's parameters
+    tol = 1e-3 if dtype == torch.float32 else 3e-2
+    for k, e in zip(losses["kiln"], losses["eager"], strict=True):
+        assert abs(k - e) <= tol * max(1.0, abs(e)), losses
+    graphs = backend.compiled_graphs()
+    assert {g.kind for g in graphs} == {"forward", "backward"}
+    assert all(g.level == "heuristic" and g.target.device_type == "cuda" for g in graphs)
+
