@@ -184,7 +184,8 @@ class _Planner:
             info = reduction_info(node)
             if group.kind == "reduction" and dom == info.domain:
                 new_kind, new_dom = "reduction", dom
-            elif group.kind == "pointwise" and dom.shape == info.domain.shape:
+            elif (group.kind == "pointwise" and dom.shape == info.domain.shape
+                  and _inner(info.domain)):
                 new_kind, new_dom = "reduction", info.domain
             else:
                 return None
@@ -195,7 +196,8 @@ class _Planner:
         elif group.kind == "reduction":
             keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(dom.shape))
             drop = tuple(s for d, s in enumerate(dom.shape) if d not in dom.rdims)
-            if shape not in (dom.shape, keep, drop):
+            rows = (keep, drop) if not _inner(dom) else (dom.shape, keep, drop)
+            if shape not in rows:
                 return None
             new_kind, new_dom = "reduction", dom
         else:
@@ -243,3 +245,11 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def _inner(dom: Domain) -> bool:
+    """Reduced dims are the trailing ones: each program reduces whole rows. Full-size
+    outputs join only such kernels; a column reduction (leading dims) has few programs,
+    and full-size work in it would run with too little parallelism."""
+    n = len(dom.shape)
+    return dom.rdims == tuple(range(n - len(dom.rdims), n))

@@ -135,8 +135,19 @@ def _logsumexp(x, dim, keepdim=False):  # noqa: ANN001, ANN202
     return out if keepdim else aten.squeeze.dims(out, dim)
 
 
-# Decompositions kiln adds to the shared table, for reductions it lowers as two passes.
+def _max_dim(x, dim, keepdim=False):  # noqa: ANN001, ANN202
+    return aten.amax(x, [dim], keepdim), aten.argmax(x, dim, keepdim)
+
+
+def _min_dim(x, dim, keepdim=False):  # noqa: ANN001, ANN202
+    return aten.amin(x, [dim], keepdim), aten.argmin(x, dim, keepdim)
+
+
+# Decompositions kiln adds to the shared table: reductions it lowers as two passes, and
+# (values, indices) reductions as two reductions over one domain (one kernel).
 _KILN_DECOMPS: dict[object, Callable] = {
+    aten.max.dim: _max_dim,
+    aten.min.dim: _min_dim,
     aten.var.correction: _var,
     aten.std.correction: _std,
     aten.var_mean.correction: _var_mean,
@@ -147,6 +158,8 @@ _KILN_DECOMPS: dict[object, Callable] = {
 def _lowered_natively(node: fx.Node) -> bool:
     name = ops.base_name(node)
     if name in ("var", "std", "var_mean", "logsumexp"):
+        return False
+    if name in ("max", "min") and node.target in _KILN_DECOMPS:
         return False
     return name in ops.POINTWISE | ops.VIEWS | ops.INDEXING | ops.REDUCTIONS | ops.MATMULS
 

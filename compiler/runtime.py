@@ -11,7 +11,7 @@ import hashlib
 import importlib.util
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -19,13 +19,12 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from compiler import cudagraphs
-from compiler.codegen import generate_kernel
+from compiler.codegen import NotFusible, Unsupported, generate_kernel
+from compiler.execution import Args, AtenMatmul, Call, Const, KernelCall, Launch
 from compiler.frontend import lower_graph
 from compiler.heuristics import _is_gpu, pointwise_config, schedule_for
-from compiler.interpreter_fixes import patch_interpreter_bf16_dot
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta
 from compiler.ops import op_name
 from compiler.schedule import Schedule, ScheduleMismatch, validate_config
@@ -66,6 +65,20 @@ def load_kernel_module(source: str, digest: str) -> ModuleType:
 
 
 @dataclass(frozen=True)
+class LaunchInfo:
+    """One Triton launch of a built graph: kernel name, the jitted function (interpreted
+    under TRITON_INTERPRET=1; its `.fn` is the Python function), pointer dtypes in
+    argument order, block sizes, launch options and grid."""
+
+    kernel: str
+    fn: Any
+    arg_dtypes: tuple[torch.dtype, ...]
+    constexprs: dict[str, int]
+    options: dict[str, int]
+    grid: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class BuiltKernel:
     """One generated kernel of a built graph."""
 
@@ -77,181 +90,6 @@ class BuiltKernel:
     source_hash: str
     nodes: tuple[str, ...]
     ops: tuple[str, ...]
-
-
-@dataclass
-class KernelCall:
-    """One kernel launch of a run; `launch()` re-launches it alone on the same buffers."""
-
-    name: str
-    launch: Callable[[], None]
-
-
-class _Const:
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class _Slot:
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-class _Args:
-    """Arguments of a call with node references replaced by environment slots.
-
-    Binding is on every call's path, so the usual shapes (positional nodes, constants and
-    flat lists of them; constant keyword arguments) bind without pytree walks."""
-
-    def __init__(self, args: Any, slots: dict[fx.Node, int]) -> None:
-        flat, self.spec = tree_flatten(args)
-        self.flat = [(_Slot(slots[a]) if isinstance(a, fx.Node) else a) for a in flat]
-        self.refs = [i for i, a in enumerate(self.flat) if isinstance(a, _Slot)]
-        self.fast: list[Any] | None = None
-        self.kwargs: dict[str, Any] = {}
-        if isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], dict):
-            positional, kwargs = args
-            if not any(isinstance(v, (fx.Node, list, tuple, dict)) for v in kwargs.values()):
-                self.kwargs = dict(kwargs)
-                self.fast = [self._simple(a, slots) for a in positional]
-                if any(a is _COMPLEX for a in self.fast):
-                    self.fast = None
-
-    @staticmethod
-    def _simple(arg: Any, slots: dict[fx.Node, int]) -> Any:
-        if isinstance(arg, fx.Node):
-            return _Slot(slots[arg])
-        if isinstance(arg, (list, tuple)):
-            if any(isinstance(a, (list, tuple, dict)) for a in arg):
-                return _COMPLEX
-            return _List([_Slot(slots[a]) if isinstance(a, fx.Node) else a for a in arg],
-                         type(arg))
-        if isinstance(arg, dict):
-            return _COMPLEX
-        return arg
-
-    def bind(self, env: list[Any]) -> Any:
-        if self.fast is not None:
-            return [_value(a, env) for a in self.fast], self.kwargs
-        flat = list(self.flat)
-        for i in self.refs:
-            flat[i] = env[flat[i].index]
-        return tree_unflatten(flat, self.spec)
-
-
-_COMPLEX = object()
-
-
-class _List:
-    __slots__ = ("items", "kind")
-
-    def __init__(self, items: list[Any], kind: type) -> None:
-        self.items, self.kind = items, kind
-
-
-def _value(a: Any, env: list[Any]) -> Any:
-    kind = type(a)
-    if kind is _Slot:
-        return env[a.index]
-    if kind is _List:
-        return a.kind(env[x.index] if type(x) is _Slot else x for x in a.items)
-    return a
-
-
-class _Launch:
-    """A generated kernel with its grid, block sizes and buffers."""
-
-    def __init__(self, name: str, fn: Any, in_slots: list[int], outs: list[tuple],
-                 grid: tuple[int, ...], constexprs: dict[str, int], options: dict[str, int]) -> None:
-        self.name, self.fn = name, fn
-        self.in_slots, self.outs = in_slots, outs
-        self.grid, self.constexprs, self.options = grid, constexprs, options
-        self.empty = any(g == 0 for g in grid)
-        self.poison = False
-        self._interpreted: Any = None
-
-    def kernel_for(self, device: torch.device) -> Any:
-        if device.type == "cpu" or _is_interpreted(self.fn):
-            patch_interpreter_bf16_dot()
-        if device.type == "cpu" and not _is_interpreted(self.fn):
-            if self._interpreted is None:
-                from triton.runtime.interpreter import InterpretedFunction
-
-                self._interpreted = InterpretedFunction(self.fn.fn)
-            return self._interpreted
-        return self.fn
-
-    def run(self, env: list[Any], device: torch.device, record: list | None) -> Callable[[], None]:
-        """Launch on `env`'s buffers; returns a closure that launches again on the same ones."""
-        for slot, shape, stride, dtype in self.outs:
-            env[slot] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            if self.poison:
-                _poison(env[slot])
-        if self.empty:
-            return _nothing
-        args = [env[s] for s in self.in_slots] + [env[o[0]] for o in self.outs]
-        fn = self.kernel_for(device)
-
-        def launch() -> None:
-            fn[self.grid](*args, **self.constexprs, **self.options)
-
-        launch()
-        if record is not None:
-            record.append(KernelCall(self.name, launch))
-        return launch
-
-
-def _nothing() -> None:
-    return None
-
-
-def _poison(t: torch.Tensor) -> None:
-    """Fill a fresh buffer with NaN (or an unlikely integer) so unwritten elements show."""
-    if t.dtype.is_floating_point:
-        t.fill_(float("nan"))
-    elif t.dtype == torch.bool:
-        t.view(torch.uint8).fill_(0x5A) if t.numel() else None
-    else:
-        t.fill_(torch.iinfo(t.dtype).min + 7)
-
-
-def _is_interpreted(fn: Any) -> bool:
-    return type(fn).__name__ == "InterpretedFunction"
-
-
-class _Call:
-    """An ATen call (extern op, view, getitem) on environment values."""
-
-    def __init__(self, node: fx.Node, slots: dict[fx.Node, int]) -> None:
-        self.target = node.target
-        self.args = _Args((node.args, node.kwargs), slots)
-        self.slot = slots[node]
-
-    def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
-        args, kwargs = self.args.bind(env)
-        env[self.slot] = self.target(*args, **kwargs)
-
-
-class _AtenMatmul:
-    """A matmul run as an ATen call, then its epilogue kernel (if the group has one)."""
-
-    def __init__(self, name: str, call: _Call, epilogue: _Launch | None) -> None:
-        self.name, self.call, self.epilogue = name, call, epilogue
-
-    def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
-        args, kwargs = self.call.args.bind(env)
-        target = self.call.target
-        env[self.call.slot] = target(*args, **kwargs)
-        epilogue = self.epilogue.run(env, device, None) if self.epilogue is not None else _nothing
-        if record is not None:
-            def launch() -> None:  # the ATen call's result is dropped: the epilogue's input stays
-                target(*args, **kwargs)
-                epilogue()
-            record.append(KernelCall(self.name, launch))
 
 
 def _grid(group: KernelGroup, variant: str, config: dict[str, int]) -> tuple[int, ...]:
@@ -288,11 +126,11 @@ class Built:
         self._consts = [(slots[n], n.target) for n in program.gm.graph.nodes if n.op == "get_attr"]
         self._const_cache: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
         out_node = next(n for n in reversed(program.gm.graph.nodes) if n.op == "output")
-        self._outputs = _Args(out_node.args[0], slots)
+        self._outputs = Args(out_node.args[0], slots)
         self._frees = _last_uses(execs, self._outputs, self._nslots)
         outs = out_node.args[0]
         self._flat_outputs = (
-            [slots[a] if isinstance(a, fx.Node) else _Const(a) for a in outs]
+            [slots[a] if isinstance(a, fx.Node) else Const(a) for a in outs]
             if isinstance(outs, (tuple, list)) and not any(isinstance(a, (list, tuple, dict)) for a in outs)
             else None)
 
@@ -307,12 +145,12 @@ class Built:
         for launch in self._launches():
             launch.poison = value
 
-    def _launches(self) -> list[_Launch]:
+    def _launches(self) -> list[Launch]:
         found = []
         for e in self._execs:
-            if isinstance(e, _Launch):
+            if isinstance(e, Launch):
                 found.append(e)
-            elif isinstance(e, _AtenMatmul) and e.epilogue is not None:
+            elif isinstance(e, AtenMatmul) and e.epilogue is not None:
                 found.append(e.epilogue)
         return found
 
@@ -344,7 +182,7 @@ class Built:
             for slot in self._frees[i]:
                 env[slot] = None
         if self._flat_outputs is not None:
-            return tuple(o.value if type(o) is _Const else env[o] for o in self._flat_outputs)
+            return tuple(o.value if type(o) is Const else env[o] for o in self._flat_outputs)
         out = self._outputs.bind(env)
         return tuple(out) if isinstance(out, list) else out
 
@@ -362,6 +200,21 @@ class Built:
 
     def _cuda_inputs(self, inputs: Sequence[Any]) -> bool:
         return any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+
+    def launches(self) -> list[LaunchInfo]:
+        """Every Triton launch this graph makes, in order, with what an ahead-of-time
+        compile needs (the tuner compiles candidates for a GPU target on a CPU worker)."""
+        nodes = list(self.program.gm.graph.nodes)
+        found = []
+        for step in self._execs:
+            launch = step.epilogue if isinstance(step, AtenMatmul) else step
+            if not isinstance(launch, Launch):
+                continue
+            dtypes = tuple(meta(nodes[s]).dtype for s in launch.in_slots) + tuple(
+                o[3] for o in launch.outs)
+            found.append(LaunchInfo(step.name, launch.fn, dtypes, dict(launch.constexprs),
+                                    dict(launch.options), launch.grid))
+        return found
 
     def kernel_calls(self, *inputs: Any) -> list[KernelCall]:
         """Run once; one entry per kernel launch, each able to re-launch it alone."""
@@ -383,7 +236,7 @@ def _check_input(slot: int, m: Any, value: Any) -> None:
             raise ValueError(f"input {slot}: expected strides {m.stride}, got {value.stride()}")
 
 
-def _last_uses(execs: list[Any], outputs: _Args, nslots: int) -> list[list[int]]:
+def _last_uses(execs: list[Any], outputs: Args, nslots: int) -> list[list[int]]:
     """For each step, the slots nothing after it reads (their buffers can be reused)."""
     last: dict[int, int] = {}
     for i, step in enumerate(execs):
@@ -398,9 +251,9 @@ def _last_uses(execs: list[Any], outputs: _Args, nslots: int) -> list[list[int]]
 
 
 def _reads(step: Any) -> list[int]:
-    if isinstance(step, _Launch):
+    if isinstance(step, Launch):
         return step.in_slots + [o[0] for o in step.outs]
-    if isinstance(step, _Call):
+    if isinstance(step, Call):
         return [step.args.flat[i].index for i in step.args.refs] + [step.slot]
     reads = _reads(step.call)
     return reads + (_reads(step.epilogue) if step.epilogue is not None else [])
@@ -440,8 +293,12 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
         if choice.kind != group.kind or tuple(choice.nodes) != nodes:
             raise ScheduleMismatch(f"{choice.name}: fusion group differs from this graph's")
         validate_config(choice.kind, choice.variant, choice.config, group.sizes, choice.name)
-        gen = generate_kernel(group, choice.variant, program.is_buffer,
-                              _comment(program, group, choice.variant))
+        try:
+            gen = generate_kernel(group, choice.variant, program.is_buffer,
+                                  _comment(program, group, choice.variant))
+        except (NotFusible, Unsupported) as exc:
+            raise ValueError(f"{choice.name}: variant {choice.variant!r} cannot be generated "
+                             f"for this group: {exc}") from exc
         digest = source_hash(gen.source)
         if choice.source_hash is not None and choice.source_hash != digest:
             raise ScheduleMismatch(f"{choice.name}: generated source hash {digest[:12]} differs "
@@ -456,10 +313,10 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
             constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
             options = {k: config[k] for k in ("num_warps", "num_stages")}
             outs = [(slots[n], meta(n).shape, meta(n).stride, meta(n).dtype) for n in gen.outputs]
-            launch = _Launch(gen.name, fn, [slots[n] for n in gen.inputs], outs,
+            launch = Launch(gen.name, fn, [slots[n] for n in gen.inputs], outs,
                              _grid(group, choice.variant, config), constexprs, options)
         if choice.kind == "matmul" and choice.variant == "aten":
-            by_group[id(group)] = _AtenMatmul(gen.name, _Call(group.anchors[0], slots), launch)
+            by_group[id(group)] = AtenMatmul(gen.name, Call(group.anchors[0], slots), launch)
         else:
             by_group[id(group)] = launch
         kernels.append(BuiltKernel(
@@ -475,7 +332,7 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
             if by_group[id(step)] is not None:
                 execs.append(by_group[id(step)])
         elif isinstance(step, ExternStep) or step.node in needed:
-            execs.append(_Call(step.node, slots))
+            execs.append(Call(step.node, slots))
     built_schedule = replace(schedule, kernels=tuple(choices), graph_hash=ghash)
     return Built(program, built_schedule, kernels, execs, slots)
 

@@ -28,14 +28,9 @@ def _settings(**overrides: Any) -> Any:
 
 
 def _require_migrated(url: str) -> None:
-    from sqlalchemy.exc import OperationalError
-
     from service.migrate import pending
 
-    try:
-        problem = pending(url)
-    except OperationalError as exc:
-        raise SystemExit(f"kiln: cannot reach the database: {exc.orig}") from None
+    problem = pending(url)
     if problem:
         raise SystemExit(f"kiln: {problem}")
 
@@ -55,18 +50,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upgrade(settings.database_url)  # embedded default: the SQLite file needs no setup step
     _require_migrated(settings.database_url)
     embedded = settings.redis_url is None or args.worker
+    if args.workers > 1 and embedded:
+        raise SystemExit("kiln serve: --workers > 1 needs KILN_REDIS_URL (the processes share "
+                         "its queue) and no --worker; run `kiln worker` processes instead")
     if embedded:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU targets are checked on the interpreter
     import uvicorn
 
-    from service.api.app import create_app
-
-    app = create_app(settings, embedded_worker=embedded)
     where = "loopback: client endpoints need no token" if settings.loopback else \
         "every endpoint needs a token"
     print(f"kiln: serving on http://{settings.host}:{settings.port} ({where}); database "
           f"{settings.database_url.split('@')[-1]}; queue "
-          f"{'redis' if settings.redis_url else 'in-process'}", flush=True)
+          f"{'redis' if settings.redis_url else 'in-process'}; {args.workers} process(es)",
+          flush=True)
+    if args.workers > 1:
+        # Each process builds its app from the environment: hand it what this one decided.
+        os.environ.update(KILN_ADMIN_TOKEN=settings.admin_token, KILN_HOST=settings.host,
+                          KILN_PORT=str(settings.port))
+        uvicorn.run("service.api.app:app_from_env", factory=True, workers=args.workers,
+                    host=settings.host, port=settings.port, log_level=args.log_level,
+                    access_log=False)
+        return 0
+    from service.api.app import create_app
+
+    app = create_app(settings, embedded_worker=embedded)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 access_log=False)
     return 0
@@ -84,7 +91,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings()
     _require_migrated(settings.database_url)
     ctx = ServiceContext(settings)
-    worker = Worker(ctx, device=args.device)
+    try:
+        worker = Worker(ctx, device=args.device)
+    except RuntimeError as exc:  # no such CUDA device here
+        ctx.close()
+        raise SystemExit(f"kiln worker: {args.device}: {exc}") from None
     install_signal_handlers(worker)
     try:
         worker.run()
@@ -135,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="port (KILN_PORT; default 8000)")
     serve.add_argument("--worker", action="store_true",
                        help="also run a CPU worker in this process when Redis is configured")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="API processes sharing the port (needs KILN_REDIS_URL)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a worker")

@@ -121,6 +121,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--api-workers", type=int, default=1, help="kiln serve --workers")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
 
@@ -138,7 +139,8 @@ def main() -> int:
                "KILN_REDIS_PREFIX": f"kiln-load-{name}:", "KILN_RATE_LIMIT_PER_S": "0",
                "KILN_ADMIN_TOKEN": uuid.uuid4().hex, "PYTHONPATH": str(REPO)}
         api = subprocess.Popen([sys.executable, "-m", "kiln.cli", "--log-level", "warning",
-                                "serve", "--port", str(args.port)], env=env, cwd=REPO,
+                                "serve", "--port", str(args.port), "--workers",
+                                str(args.api_workers)], env=env, cwd=REPO,
                                stdout=subprocess.DEVNULL)
         import httpx
 
@@ -164,7 +166,8 @@ def main() -> int:
                   "throughput_rps": len(latencies) / args.seconds,
                   "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3,
                   "errors": len(errors), "connections": args.connections,
-                  "clients": args.clients, "entries": args.entries, "cpus": os.cpu_count()}
+                  "clients": args.clients, "entries": args.entries,
+                  "api_workers": args.api_workers, "cpus": os.cpu_count()}
         print(json.dumps(report, indent=2))
         if args.json:
             args.json.write_text(json.dumps(report, indent=2))

@@ -65,8 +65,9 @@ class ServiceContext:
 
     def recover(self, stale_after_s: float | None = None) -> int:
         """Enqueue again what the queue may have lost: every unfinished job when the queue
-        came back empty (Redis restart), and queued jobs untouched for too long (an enqueue
-        that failed while Redis was down). Duplicates are harmless. Returns jobs enqueued."""
+        came back empty (Redis restart); queued jobs untouched for too long (an enqueue that
+        failed while Redis was down); running jobs whose lease ran out long ago (their worker
+        died and no message is left to reclaim). Duplicates are harmless. Returns the count."""
         stale_after_s = stale_after_s if stale_after_s is not None else 5 * self.settings.lease_s
         lost = self.queue.lost_state()
         now = utcnow()
@@ -76,8 +77,12 @@ class ServiceContext:
             if lost:
                 query = query.where(JobRow.status.in_(("queued", "running")))
             else:
-                query = query.where(JobRow.status == "queued",
-                                    JobRow.updated_at < now - timedelta(seconds=stale_after_s))
+                lease = timedelta(seconds=self.settings.lease_s)
+                query = query.where(
+                    ((JobRow.status == "queued")
+                     & (JobRow.updated_at < now - timedelta(seconds=stale_after_s)))
+                    # held by a worker that died after its message was lost or settled
+                    | ((JobRow.status == "running") & (JobRow.lease_until < now - lease)))
             rows = session.execute(query.order_by(JobRow.id)).all()
             if rows:
                 session.execute(update(JobRow).where(JobRow.id.in_([r.id for r in rows]),

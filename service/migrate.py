@@ -38,12 +38,15 @@ def pending(url: str) -> str | None:
     from alembic.migration import MigrationContext
     from alembic.script import ScriptDirectory
     from sqlalchemy import create_engine
+    from sqlalchemy.exc import OperationalError
 
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
+    except OperationalError as exc:
+        return f"cannot reach the database: {exc.orig}"
     finally:
         engine.dispose()
     if current == head:

@@ -38,6 +38,7 @@ class Settings(BaseModel):
     max_attempts: int = Field(default=3, ge=1)
     tune_trials: int = Field(default=64, ge=1)
     tune_seconds: float = Field(default=600.0, gt=0)
+    build_timeout_s: float = Field(default=600.0, gt=0)  # then the job is left to another worker
     interpret_max_numel: int = Field(default=1 << 16, ge=0)  # CPU check on the interpreter
     db_pool_size: int = Field(default=10, ge=1)
 

@@ -188,6 +188,15 @@ def renew(session: Session, job_id: int, worker: str, lease_s: float,
     ).values(**values)).rowcount)
 
 
+def note_timeout(session: Session, job: JobRow, worker: str, limit_s: float) -> None:
+    """Record, once, that the attempt in hand ran past its time limit; its lease is left to
+    run out so another worker takes the job (the attempt counts)."""
+    error = f"attempt {job.attempts} ran past the time limit of {limit_s:g} s"
+    if session.execute(update(JobRow).where(_held(job, worker), JobRow.error.is_distinct_from(error))
+                       .values(error=error)).rowcount:
+        add_event(session, job, "running", worker, error)
+
+
 def finish_failed(session: Session, job: JobRow, worker: str | None, error: str) -> None:
     """End a job `failed` with its error, and mark its entry failed unless it has a schedule."""
     now = utcnow()
@@ -246,6 +255,28 @@ def hand_to_tuner(session: Session, job: JobRow, worker: str) -> bool:
     if moved:
         add_event(session, job, "queued", worker, "heuristic schedule published; waiting for tuning")
     return bool(moved)
+
+
+def adopt_untuned(session: Session, queue_class: str, worker: str) -> list[int]:
+    """A GPU worker starting for `queue_class` takes over the entries that were built while no
+    GPU served it: their jobs go back to the queue at the tuning stage (enqueued at commit)."""
+    ids = list(session.scalars(
+        select(JobRow.id).join(ScheduleRow, ScheduleRow.key == JobRow.key).where(
+            ScheduleRow.queue_class == queue_class, ScheduleRow.status == "heuristic",
+            JobRow.status == "done", JobRow.stage == "build")))
+    if not ids:
+        return []
+    now = utcnow()
+    taken = list(session.scalars(
+        update(JobRow).where(JobRow.id.in_(ids), JobRow.status == "done", JobRow.stage == "build")
+        .values(stage="tune", status="queued", attempts=0, progress=0.5, error=None,
+                worker_id=None, lease_until=None, finished_at=None, updated_at=now)
+        .returning(JobRow.id)))
+    for job_id in taken:
+        session.add(JobEventRow(job_id=job_id, status="queued", worker_id=worker, at=now,
+                                message="a GPU worker for this target started; tuning"))
+        enqueue_after_commit(session, "tune", queue_class, job_id)
+    return taken
 
 
 def publish_schedule(session: Session, key: str, status: str, schedule: dict[str, Any],

@@ -131,14 +131,15 @@ class Worker:
                 job = store.claim(session, delivery.job_id, stage, self.id, settings.lease_s,
                                   settings.max_attempts)
                 if job is not None:
-                    wire, target, queue_class = session.execute(
-                        select(GraphRow.wire, ScheduleRow, ScheduleRow.queue_class)
+                    wire, entry = session.execute(
+                        select(GraphRow.wire, ScheduleRow)
                         .join(ScheduleRow, ScheduleRow.graph_hash == GraphRow.graph_hash)
                         .where(ScheduleRow.key == job.key)).one()
-                    target_json = {"device_type": target.device_type, "arch": target.arch,
-                                   "name": target.device_name, "torch": target.torch_version,
-                                   "triton": target.triton_version,
-                                   "compiler": target.compiler_version}
+                    queue_class = entry.queue_class
+                    target_json = {"device_type": entry.device_type, "arch": entry.arch,
+                                   "name": entry.device_name, "torch": entry.torch_version,
+                                   "triton": entry.triton_version,
+                                   "compiler": entry.compiler_version}
         except Exception:
             log.exception("claiming job %s failed; the message stays for a retry", delivery.job_id)
             self._stop.wait(1.0)
@@ -208,14 +209,17 @@ class Worker:
             with self._lock:
                 current = self._current
             try:
+                overdue = current is not None and self._overdue(current[0])
                 with self.ctx.transaction() as session:
                     session.execute(update(WorkerRow).where(WorkerRow.id == self.id).values(
                         heartbeat_at=utcnow(), status="running",
                         current_job_id=current[0].id if current else None))
-                    if current:
+                    if current and overdue:
+                        store.note_timeout(session, current[0], self.id, overdue)
+                    elif current:
                         store.renew(session, current[0].id, self.id, settings.lease_s,
                                     self._progress)
-                if current:
+                if current and not overdue:
                     self.ctx.queue.touch(current[1], self.id)
                 since_recovery += settings.heartbeat_s
                 if since_recovery >= settings.lease_s:
@@ -224,12 +228,26 @@ class Worker:
             except Exception as exc:  # database or Redis down: keep beating
                 log.warning("heartbeat of %s failed: %s", self.id, exc)
 
+    def _overdue(self, job: JobRow) -> float | None:
+        """The time limit a job in hand has run past, or None. Past it the lease is no longer
+        renewed, so another worker takes the job over (a hung build cannot hold it forever)."""
+        settings = self.ctx.settings
+        limit = settings.build_timeout_s if job.stage == "build" else \
+            settings.tune_seconds + settings.build_timeout_s
+        started = job.started_at or utcnow()
+        return limit if (utcnow() - started).total_seconds() > limit else None
+
     def _register(self) -> None:
         now = utcnow()
         with self.ctx.transaction() as session:
             session.merge(WorkerRow(id=self.id, device=self.device, queue_class=self.queue_class,
                                     status="running", started_at=now, heartbeat_at=now,
                                     current_job_id=None))
+            adopted = [] if self.device == "cpu" else \
+                store.adopt_untuned(session, self.queue_class, self.id)
+        if adopted:
+            log.info("worker %s will tune %d entries built before it started", self.id,
+                     len(adopted))
 
     def _unregister(self) -> None:
         try:

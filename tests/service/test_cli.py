@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from sqlalchemy import create_engine, inspect, text
 
@@ -68,3 +69,15 @@ def test_serve_and_worker_refuse_an_unmigrated_database(tmp_path: Path,
     monkeypatch.setenv("KILN_DATABASE_URL", url)
     with pytest.raises(SystemExit, match="run `kiln db upgrade` first"):
         main(["worker", "--device", "cpu"])
+    main(["db", "upgrade"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="cuda:0: no CUDA device"):
+            main(["worker", "--device", "cuda:0"])
+
+
+def test_several_api_processes_need_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KILN_DATABASE_URL", f"sqlite:///{tmp_path / 'k.db'}")
+    monkeypatch.setenv("KILN_ADMIN_TOKEN", "x" * 40)
+    with pytest.raises(SystemExit, match="--workers > 1 needs KILN_REDIS_URL"):
+        main(["serve", "--workers", "2"])

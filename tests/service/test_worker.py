@@ -125,6 +125,19 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
         detail = entry_detail(session, served_key)
     assert len(detail["measurements"]) == 1 and detail["speedup"] == 2.0
 
+    # A GPU worker for sm_80 starting later tunes what was built without one.
+    late = Worker(pg_ctx, device="cuda:1", queue_class="cuda-sm_80", tune=tuned, block_s=0.2)
+    late.start_thread()
+    try:
+        wait_for(lambda: _job(pg_ctx, unserved)["stage"] == "tune"
+                 and _job(pg_ctx, unserved)["status"] == "done", 20)
+    finally:
+        late.stop()
+        late.join(10)
+    assert seen["device"] == "cuda:1"
+    with pg_ctx.transaction() as session:
+        assert store.schedule_by_key(session, _unserved_key).status == "tuned"
+
 
 def test_recovery_enqueues_unfinished_jobs_when_the_queue_lost_its_state(pg_ctx: ServiceContext) -> None:
     _key, job_id = _submit(pg_ctx)
@@ -135,3 +148,56 @@ def test_recovery_enqueues_unfinished_jobs_when_the_queue_lost_its_state(pg_ctx:
     pg_ctx.queue = InProcessQueue(pg_ctx.settings.lease_s)  # a restarted, empty backend
     assert pg_ctx.recover() == 1
     assert pg_ctx.queue.claim([BUILD_STREAM], "x", 0.1).job_id == job_id
+
+
+def test_recovery_enqueues_a_running_job_whose_worker_died_without_a_message(
+        pg_ctx: ServiceContext) -> None:
+    _key, job_id = _submit(pg_ctx)
+    msg = pg_ctx.queue.claim([BUILD_STREAM], "dead", 0.1)
+    with pg_ctx.transaction() as session:
+        assert store.claim(session, job_id, "build", "dead", 0.1, 3) is not None
+    pg_ctx.queue.ack(msg)  # e.g. lost with a Redis restart while its worker was dying
+    pg_ctx.queue.lost_state()
+    assert pg_ctx.recover() == 0  # the lease has not run out long enough yet
+    import time
+
+    time.sleep(pg_ctx.settings.lease_s + 0.3)
+    assert pg_ctx.recover() == 1
+    worker = Worker(pg_ctx, build=_ok, block_s=0.2)
+    worker.start_thread()
+    try:
+        wait_for(lambda: _job(pg_ctx, job_id)["status"] == "done", 20)
+    finally:
+        worker.stop()
+        worker.join(10)
+    assert _job(pg_ctx, job_id)["attempts"] == 2
+
+
+def test_a_hung_build_is_taken_over_after_its_time_limit(pg_ctx: ServiceContext) -> None:
+    import threading
+
+    pg_ctx.settings = pg_ctx.settings.model_copy(update={"build_timeout_s": 0.5, "lease_s": 1.0})
+    release = threading.Event()
+
+    def hang(wire: str, target: dict, numel: int) -> Outcome:
+        release.wait(30)
+        return _ok(wire, target, numel)
+
+    _key, job_id = _submit(pg_ctx)
+    stuck = Worker(pg_ctx, build=hang, block_s=0.2)
+    stuck.start_thread()
+    wait_for(lambda: _job(pg_ctx, job_id)["status"] == "running", 10)
+    rescuer = Worker(pg_ctx, build=_ok, block_s=0.2)
+    rescuer.start_thread()
+    try:
+        wait_for(lambda: _job(pg_ctx, job_id)["status"] == "done", 20)
+    finally:
+        release.set()
+        for w in (stuck, rescuer):
+            w.stop()
+            w.join(10)
+    job = _job(pg_ctx, job_id)
+    assert job["attempts"] == 2 and job["worker"] == rescuer.id
+    assert any("ran past the time limit of 0.5 s" in (e["message"] or "") for e in job["history"])
+    done = [e for e in job["history"] if e["status"] == "done"]
+    assert len(done) == 1 and done[0]["worker"] == rescuer.id  # the hung one's late result is refused
