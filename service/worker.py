@@ -54,15 +54,23 @@ def install_signal_handlers(worker: Worker) -> None:
 
 
 class Worker:
-    """One worker: `device` is "cpu" (build stream) or "cuda:N" (its target's tune stream)."""
+    """One worker: `device` is "cpu" (build stream) or "cuda:N" (its target's tune stream).
+
+    `tune_on_cpu=True` makes a CPU worker serve the CPU target's tune stream instead, timing
+    candidates on the Triton interpreter (for tests and demos: interpreter times say nothing
+    about GPU speed)."""
 
     def __init__(self, ctx: ServiceContext, device: str = "cpu", worker_id: str | None = None,
                  build: BuildFn = pipeline.build_heuristic, tune: TuneFn = pipeline.tune,
-                 queue_class: str | None = None, block_s: float = 1.0) -> None:
+                 queue_class: str | None = None, block_s: float = 1.0,
+                 tune_on_cpu: bool = False) -> None:
         self.ctx, self.device, self.block_s = ctx, device, block_s
-        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{device}-{uuid.uuid4().hex[:6]}"
+        role = "cpu-tune" if tune_on_cpu else device
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{role}-{uuid.uuid4().hex[:6]}"
         self._build, self._tune = build, tune
-        if device == "cpu":
+        if device == "cpu" and tune_on_cpu:
+            self.queue_class, self.streams = "cpu", [tune_stream("cpu")]
+        elif device == "cpu":
             self.queue_class, self.streams = "cpu", [BUILD_STREAM]
         else:
             if queue_class is None:

@@ -167,7 +167,10 @@ def _tune_loaded(
         if progress:
             progress(i, 2 * len(kernels), kernel["name"])
         space, dropped = candidates(kernel, target)
-        search = KernelSearch(space, start, runner, clock, share=0)
+        seeds = []
+        if start.variant == "aten" and "BLOCK_M" in kernel["config"]:
+            seeds.append(Candidate.make(kernel["name"], "triton", kernel["config"]))
+        search = KernelSearch(space, start, runner, clock, share=0, seeds=seeds)
         search.baseline()
         searches.append(search)
         pruned.append(len(dropped))

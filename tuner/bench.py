@@ -84,6 +84,7 @@ def run_case(
             info.get("kernels"),
             info.get("fallback_ops"),
         )
+        row["kiln_heuristic_graph_ms"] = info.get("graph_ms")
         if info["error"]:
             row["errors"]["kiln_heuristic"] = info["error"]
     except Exception as exc:
@@ -106,6 +107,7 @@ def run_case(
                 row["tuning_notes"] = tuned["tune_errors"]
             info, _ = kiln_path(case, device, tuned["schedules"], target)
             row["kiln_tuned_ms"], row["kiln_tuned_first_call_s"] = info["ms"], info["first_call_s"]
+            row["kiln_tuned_graph_ms"] = info.get("graph_ms")
             if info["error"]:
                 row["errors"]["kiln_tuned"] = info["error"]
         except Exception as exc:

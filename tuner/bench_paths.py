@@ -106,7 +106,7 @@ def kiln_path(
         builts.append(built)
     sync(device)
     first = time.perf_counter() - start
-    total, noise = 0.0, 0.0
+    total, noise, per_graph = 0.0, 0.0, []
     for (_graph, ins, gm), built in zip(graphs, builts, strict=True):
         ref = Reference.from_module(gm, ins)
         error = ref.check(built)
@@ -115,8 +115,10 @@ def kiln_path(
         timing = time_fn(lambda b=built, x=ins: b(*x), device)
         total += timing.median_ms
         noise += timing.noise_ms
+        per_graph.append(timing.median_ms)
     info = {
         "ms": total,
+        "graph_ms": per_graph,
         "noise_ms": noise,
         "first_call_s": first,
         "error": None,

@@ -122,10 +122,13 @@ class KernelSearch:
         clock: BudgetClock,
         share: int | None = None,
         seconds: float | None = None,
+        seeds: list[Candidate] | None = None,
     ) -> None:
         if start not in space:
             space = sorted([*space, start], key=Candidate.order_key)
         self.space, self.start, self.measurer = space, start, measurer
+        # Extra starting points (the Triton config of a matmul whose heuristic is ATen).
+        self.seeds = [c for c in (seeds or []) if c in set(space)]
         self.clock, self.share, self.seconds = clock, share, seconds
         self._started = clock.elapsed()
         self.measurements: list[Measurement] = []
@@ -197,7 +200,7 @@ class KernelSearch:
         """From the start, move to the best one-step neighbour until none is better."""
         if self.start not in self._measured():
             self._measure([self.start])
-        current = self.start
+        current = self._descent_origin()
         while not (self.clock.exhausted() or self._out_of_time()) and self._room() != 0:
             seen = self._measured()
             step = [c for c in neighbours(current, self.space) if c not in seen]
@@ -207,8 +210,24 @@ class KernelSearch:
             winner = pick_winner(self.measurements)
             if winner is None or winner.candidate == current:
                 break
+            if winner.candidate.variant == "aten":  # no config to walk: keep walking Triton
+                origin = self._descent_origin()
+                if origin == current:
+                    break
+                current = origin
+                continue
             current = winner.candidate
         return pick_winner(self.measurements)
+
+    def _descent_origin(self) -> Candidate:
+        """Where to walk from: the best candidate so far that has a config to change."""
+        ok = [m for m in self.measurements if m.ok and m.candidate.variant != "aten"]
+        if ok:
+            best = pick_winner(ok)
+            if best is not None:
+                return best.candidate
+        walkable = [c for c in [self.start, *self.seeds] if c.variant != "aten"]
+        return walkable[0] if walkable else self.start
 
     def successive_halving(self, population: int | None = None) -> Measurement | None:
         """Time an evenly spread population briefly, keep the best third at triple the repeats."""
@@ -254,7 +273,7 @@ class KernelSearch:
         self.baseline()
         # A matmul's ATen call (cuBLAS) is the bar any Triton config must clear: time it early.
         aten = [c for c in self.space if c.variant == "aten" and c not in self._measured()]
-        self._measure(aten)
+        self._measure(aten + [c for c in self.seeds if c not in self._measured()])
         if strategy == "exhaustive":
             return self.exhaustive()
         if strategy == "coordinate":

@@ -74,7 +74,7 @@ def _populate(live: LiveService) -> tuple[str, str]:
     live.wait_status(tuned["key"], "heuristic", 60)
     live.send_to_tuning(tuned["key"])
     # A worker serving the CPU target's tune stream, running the service's real tuning step.
-    live.start_worker(device="cpu-interpreter", queue_class="cpu")
+    live.start_worker(device="cpu", tune_on_cpu=True)
     live.wait_status(tuned["key"], "tuned", 90)
     live.wait_status(heuristic["key"], "heuristic", 60)
     for _ in range(3):  # cache hits, counted by the API

@@ -134,3 +134,32 @@ def test_budget_accepts_int_and_rejects_nonsense() -> None:
         Budget.of(0)
     with pytest.raises(TypeError):
         Budget.of("10")
+
+
+def test_aten_heuristic_still_walks_the_triton_configs_from_its_seed() -> None:
+    space, _ = candidates(MATMUL, TARGET)
+    aten = Candidate.make("mm_0", "aten", {})
+    seed = _start(MATMUL)
+
+    def cost(c: Candidate) -> float:
+        if c.variant == "aten":
+            return 1.0
+        cfg = c.config  # best Triton tile: 128x128x64, 8 warps; beats ATen there
+        return 0.9 + 0.05 * sum(
+            abs(math.log2(cfg[k]) - math.log2(v))
+            for k, v in {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8}.items()
+        )
+
+    search = KernelSearch(
+        space, aten, FakeRunner(cost), BudgetClock(Budget(trials=60)), seeds=[seed]
+    )
+    winner = search.run("coordinate")
+    assert winner.candidate.variant == "triton"
+    assert {
+        k: winner.candidate.config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps")
+    } == {
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
+        "num_warps": 8,
+    }

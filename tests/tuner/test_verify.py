@@ -135,3 +135,27 @@ def test_heuristic_build_becomes_a_second_reference_only_near_eager() -> None:
     gross = Reference.from_module(eager, [x])
     assert gross.adopt_baseline(lambda t: (heuristic(t)[0] * 2,)) is not None
     assert gross.baseline is None
+
+
+def test_rng_bookkeeping_outputs_are_reported_not_compared() -> None:
+    from torch import fx
+
+    from tuner.verify import unchecked_outputs
+
+    graph = fx.Graph()
+    q, k, v = (graph.placeholder(n) for n in "qkv")
+    attn = graph.call_function(
+        torch.ops.aten._scaled_dot_product_efficient_attention.default, (q, k, v, None, True)
+    )
+    outs = [graph.call_function(__import__("operator").getitem, (attn, i)) for i in range(4)]
+    graph.output(tuple(outs))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    assert set(unchecked_outputs(gm)) == {2, 3}  # philox_seed, philox_offset
+
+    def garbage_seed(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, torch.randint(0, 1 << 30, ())
+
+    ref = Reference.from_module(garbage_seed, [torch.randn(8)])
+    ref.unchecked = {1: "aten.test.philox_seed"}
+    assert ref.check(garbage_seed) is None
+    assert ref.check(lambda x: (x * 3, torch.tensor(0))) is not None  # values still checked
