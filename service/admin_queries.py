@@ -34,6 +34,7 @@ SORTS = {
     "last_used": ScheduleRow.last_used_at, "created": ScheduleRow.created_at,
     "hits": ScheduleRow.hits, "key": ScheduleRow.key, "status": ScheduleRow.status,
     "tuned_ms": ScheduleRow.tuned_ms, "speedup": _SPEEDUP, "tag": ScheduleRow.tag,
+    "tuning_s": ScheduleRow.tuning_s,
 }
 MAX_PER_PAGE = 500
 SERIES_MINUTES = 60

@@ -20,7 +20,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
 from service import admin_queries
-from service.dashboard import deps, queries, security, views
+from service.dashboard import deps, security, views
 from service.dashboard.highlight import stylesheet
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ def entries(request: Request, q: str | None = None,
     if filters["q"] and not set(filters["q"]) <= _KEY_CHARS:
         notice, filters["q"] = "Search takes a hexadecimal key or graph-hash prefix.", None
     with deps.transaction(request) as session:
-        result = queries.list_entries(session, page=min(max(page, 1), 1_000_000),
+        result = admin_queries.list_entries(session, page=min(max(page, 1), 1_000_000),
                                       per_page=min(max(per_page, 10), 200), **filters)
     pages = max(1, math.ceil(result["total"] / max(result["per_page"], 1)))
     query = {k: v for k, v in filters.items() if v}
