@@ -51,22 +51,27 @@ class LinearGelu(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """Pre-norm block: LN, QKV, causal SDPA, projection, LN, MLP (4x, tanh-GELU)."""
+    """Pre-norm block: LN, QKV, causal SDPA, projection, LN, MLP (4x, tanh-GELU).
 
-    def __init__(self, d: int, heads: int) -> None:
+    `p_drop` > 0 adds dropout after the projection and the MLP (random ops in training
+    graphs); at 0 the block has no dropout module at all, so its graphs carry no random op.
+    """
+
+    def __init__(self, d: int, heads: int, p_drop: float = 0.0) -> None:
         super().__init__()
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(p_drop) if p_drop else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, s, d)))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
 
 
 def _fn_module(fn: Callable[..., torch.Tensor]) -> nn.Module:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from compiler.benchcases import GPTBlock, SeedMLP
 from compiler.tracing import trace_inference, trace_training
 
 
@@ -28,37 +29,6 @@ class CorpusCase:
     gm: fx.GraphModule
     example_inputs: list[Any]
     kind: str  # "fwd" | "train_fwd" | "train_bwd"
-
-
-class SeedMLP(nn.Module):
-    """The seed model: Linear(128,256)-ReLU-Linear(256,10)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class GPTBlock(nn.Module):
-    """Pre-norm transformer block: LN, QKV, causal SDPA, projection, LN, tanh-GELU MLP."""
-
-    def __init__(self, d: int = 32, heads: int = 2, p_drop: float = 0.1) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(p_drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, s, d)))
-        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
 
 
 class SmallConvNet(nn.Module):
@@ -119,7 +89,7 @@ class _Model:
 def _models() -> list[_Model]:
     return [
         _Model("mlp", SeedMLP, lambda: [torch.randn(4, 128)]),
-        _Model("gpt_block", GPTBlock, lambda: [torch.randn(2, 8, 32)]),
+        _Model("gpt_block", lambda: GPTBlock(32, 2, p_drop=0.1), lambda: [torch.randn(2, 8, 32)]),
         _Model("convnet", SmallConvNet, lambda: [torch.randn(2, 3, 8, 8)]),
         _Model(
             "embedding_ce",
