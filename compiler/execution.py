@@ -109,7 +109,7 @@ class Launch:
         self.in_slots, self.outs = in_slots, outs
         self.grid, self.constexprs, self.options = grid, constexprs, options
         self.empty = any(g == 0 for g in grid)
-        self.poison = False
+        self.poison: bool | float = False
         self._interpreted: Any = None
 
     def kernel_for(self, device: torch.device) -> Any:
@@ -127,8 +127,8 @@ class Launch:
         """Launch on `env`'s buffers; returns a closure that launches again on the same ones."""
         for slot, shape, stride, dtype in self.outs:
             env[slot] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            if self.poison:
-                _poison(env[slot])
+            if self.poison is not False:
+                _poison(env[slot], self.poison)
         if self.empty:
             return _nothing
         args = [env[s] for s in self.in_slots] + [env[o[0]] for o in self.outs]
@@ -147,10 +147,11 @@ def _nothing() -> None:
     return None
 
 
-def _poison(t: torch.Tensor) -> None:
-    """Fill a fresh buffer with NaN (or an unlikely integer) so unwritten elements show."""
+def _poison(t: torch.Tensor, fill: bool | float) -> None:
+    """Fill a fresh buffer with NaN (or `fill` when it is a number; an unlikely integer
+    for integer dtypes) so unwritten elements show."""
     if t.dtype.is_floating_point:
-        t.fill_(float("nan"))
+        t.fill_(float("nan") if fill is True else float(fill))
     elif t.dtype == torch.bool:
         t.view(torch.uint8).fill_(0x5A) if t.numel() else None
     else:

@@ -135,13 +135,14 @@ class Built:
             else None)
 
     @property
-    def poison(self) -> bool:
+    def poison(self) -> bool | float:
         """Testing aid: when True, every kernel output buffer is filled with NaN (floats) or
-        a sentinel (integers, bools) before the kernel runs."""
-        return any(getattr(e, "poison", False) for e in self._launches())
+        a sentinel (integers, bools) before the kernel runs; a number instead of True is
+        the float fill (for tests that expect NaN results, where NaN would hide a gap)."""
+        return next((e.poison for e in self._launches() if e.poison is not False), False)
 
     @poison.setter
-    def poison(self, value: bool) -> None:
+    def poison(self, value: bool | float) -> None:
         for launch in self._launches():
             launch.poison = value
 

@@ -7,6 +7,7 @@ large before the counts and sizes have been checked.
 
 from __future__ import annotations
 
+import keyword
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -266,6 +267,11 @@ def _parse_node(obj: object, index: int, position: int, order: dict[str, int], l
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
             raise WireError(f"{obj['op']} has no argument {unknown[0][:40]!r}", name)
+        # fx writes kwargs as `name=value` into the Python source of to_fx(): a keyword such
+        # as `from` (aten.uniform) would be a SyntaxError there; it travels positionally.
+        reserved = sorted(k for k in kwargs if keyword.iskeyword(k))
+        if reserved:
+            raise WireError(f"kwarg {reserved[0]!r} is a Python keyword; pass it positionally", name)
     _check_refs(list(args) + list(kwargs.values()), name, position, order)
     meta = parse_node_meta(obj["meta"], name, limits) if "meta" in obj else None
     return NodeSpec(name, obj["op"], target, args, kwargs, meta)

@@ -151,6 +151,18 @@ def brief(value: object) -> str:
         return f"<{type(value).__name__}>"
 
 
+def check_str(value: str, max_str: int) -> str:
+    """A string argument as it may travel: bounded, and printable (no control, format or
+    line-separator characters), so that no client string can forge a log line or carry
+    terminal escapes when an op echoes it (e.g. `aten._assert_async.msg`)."""
+    if len(value) > max_str:
+        raise WireError(f"string argument longer than {max_str} characters")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise WireError(f"string argument holds the non-printable character {bad!r}")
+    return value
+
+
 def _is_str_in(value: object, table: Any) -> bool:
     return isinstance(value, str) and value in table
 
@@ -184,9 +196,7 @@ def encode_value(value: Any, names: dict[Any, str], max_str: int) -> Any:
     if type(value) is float:
         return encode_float(value)
     if type(value) is str:
-        if len(value) > max_str:
-            raise WireError(f"string argument longer than {max_str} characters")
-        return value
+        return check_str(value, max_str)
     if isinstance(value, (list, tuple)):
         return [encode_value(v, names, max_str) for v in value]
     if isinstance(value, torch.fx.Node):
@@ -217,9 +227,7 @@ def decode_value(value: Any, depth: int, max_depth: int, max_str: int) -> Any:
             raise WireError('non-finite float must be written {"float": "nan"|"inf"|"-inf"}')
         return value
     if type(value) is str:
-        if len(value) > max_str:
-            raise WireError(f"string argument longer than {max_str} characters")
-        return value
+        return check_str(value, max_str)
     if type(value) is list:
         if depth >= max_depth:
             raise WireError(f"arguments nested deeper than {max_depth} levels")

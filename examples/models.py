@@ -1,4 +1,5 @@
-"""Models used by the examples (and by the client tests): the seed MLP and a small GPT.
+"""Models used by the examples (and by the client tests): the seed MLP and a small GPT
+built from BENCH.md's gpt_block (`compiler.benchcases.GPTBlock`).
 
 Deterministic given a seed; sizes are arguments so the CPU tests (Triton interpreter) can
 keep them tiny while the GPU benchmark uses BENCH.md's gpt_block shapes.
@@ -11,6 +12,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# BENCH.md's gpt_block, as the benchmarks and the compiler's corpus define it.
+from compiler.benchcases import GPTBlock as Block
+
+__all__ = ["GPT", "Block", "GPTConfig", "SeedMLP", "gpt_batches", "train"]
 
 
 class SeedMLP(nn.Module):
@@ -35,26 +41,6 @@ class GPTConfig:
     heads: int = 2
     layers: int = 1
     dropout: float = 0.0
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: LN, QKV, causal SDPA, projection, LN, tanh-GELU MLP."""
-
-    def __init__(self, d: int, heads: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, s, d)))
-        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
 
 
 class GPT(nn.Module):

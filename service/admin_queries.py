@@ -75,8 +75,9 @@ def list_entries(session: Session, q: str | None = None, target: str | None = No
         raise ValueError(f"page must be >= 1 and per_page within 1..{MAX_PER_PAGE}")
     query = select(ScheduleRow)
     if q:
-        prefix = q.strip().lower().replace("%", "").replace("_", "") + "%"
-        query = query.where(or_(ScheduleRow.key.like(prefix), ScheduleRow.graph_hash.like(prefix)))
+        prefix = q.strip().lower()  # autoescape: `%`, `_` and the escape char match literally
+        query = query.where(or_(ScheduleRow.key.startswith(prefix, autoescape=True),
+                                ScheduleRow.graph_hash.startswith(prefix, autoescape=True)))
     if target:
         query = query.where(or_(ScheduleRow.queue_class == target, ScheduleRow.arch == target,
                                 ScheduleRow.device_name == target))
@@ -106,7 +107,7 @@ def entry_detail(session: Session, key: str) -> dict[str, Any] | None:
     detail["kernels"] = [
         {"name": k.name, "kind": k.kind, "variant": k.variant, "config": k.config,
          "nodes": k.nodes, "ops": k.ops, "source": k.source, "source_hash": k.source_hash,
-         "heuristic_ms": k.heuristic_ms, "tuned_ms": k.tuned_ms}
+         "heuristic_ms": k.heuristic_ms, "tuned_ms": k.tuned_ms, "compiled": k.compiled}
         for k in session.scalars(select(KernelRow).where(KernelRow.schedule_key == key)
                                  .order_by(KernelRow.position))]
     detail["measurements"] = [

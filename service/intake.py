@@ -44,13 +44,27 @@ def _field(obj: dict[str, Any], name: str) -> Any:
     return obj[name]
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f'bare {name} is not JSON; write non-finite floats as {{"float": "nan"|"inf"|"-inf"}}')
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A repeated key would let a proxy or a log see one value and kiln use another.
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"the key {key[:40]!r} repeats in one object")
+        obj[key] = value
+    return obj
+
+
 def parse_submission(body: bytes) -> tuple[Submission, Any]:
     """Validate a submission body; returns the Submission and the parsed compiler.Graph.
     Every problem a client can cause becomes an ApiError 422 naming what is wrong."""
     import compiler
 
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:
         raise ApiError(422, "invalid_json", f"the body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

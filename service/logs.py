@@ -19,6 +19,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class TextFormatter(logging.Formatter):
+    """Plain-text records that client text cannot forge: control characters other than the
+    newline (CR, ESC, NUL, ...) and Unicode line separators are escaped, and every line after
+    a record's first is indented, so a message holding a newline and a fake record (an op
+    echoing a client string, a traceback) can never read as a record of its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        text = "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+        return text.replace("\n", "\n    ")
+
+
 def configure(level: str = "info", fmt: str | None = None) -> None:
     """Configure the root logger once for a service process."""
     fmt = fmt or os.environ.get("KILN_LOG_FORMAT", "text")
@@ -26,7 +38,7 @@ def configure(level: str = "info", fmt: str | None = None) -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

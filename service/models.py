@@ -108,6 +108,9 @@ class KernelRow(Base):
     source_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     heuristic_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     tuned_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # What compiling for the target's GPU gave (registers, spills, shared memory, binary
+    # size, ...: service.target_compile); null for CPU targets.
+    compiled: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class JobRow(Base):

@@ -1,7 +1,8 @@
 """What workers do with a job: the heuristic build (CPU) and tuning (GPU).
 
 Both take the stored wire JSON and target JSON and return plain data for the store; both
-raise on failure (the worker records the error and counts the attempt).
+raise on failure (the worker records the error and counts the attempt; a
+`TargetCompileError` fails the job at once, since another attempt would fail the same way).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from service.target_compile import compile_kernels
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +30,13 @@ class Outcome:
     note: str = ""
 
 
-def _kernels(built: Any) -> list[dict[str, Any]]:
+def _kernels(built: Any, compiled: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The kernels to store; `compiled` adds each kernel's compile facts for the target."""
+    compiled = compiled or {}
     return [{"name": k.name, "kind": getattr(k, "kind", ""), "variant": getattr(k, "variant", ""),
              "config": dict(getattr(k, "config", {}) or {}), "nodes": list(getattr(k, "nodes", [])),
-             "ops": list(getattr(k, "ops", [])), "source": k.source, "source_hash": k.source_hash}
+             "ops": list(getattr(k, "ops", [])), "source": k.source, "source_hash": k.source_hash,
+             "compiled": compiled.get(k.name)}
             for k in built.kernels]
 
 
@@ -49,18 +55,23 @@ def _check_on_interpreter(graph: Any, built: Any) -> None:
 
 
 def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:
-    """Lower, fuse and generate the heuristic schedule's kernels for the target. For a CPU
-    target whose inputs are small, check the build's outputs on the Triton interpreter."""
+    """Lower, fuse and generate the heuristic schedule's kernels for the target. For a CUDA
+    target, compile every kernel for its architecture and keep the compile facts (raises
+    `TargetCompileError` when one does not compile or fit). For a CPU target whose inputs
+    are small, check the build's outputs on the Triton interpreter."""
     import compiler
 
     graph = compiler.from_wire(wire)
     target = compiler.Target.from_json(target_json)
     built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
-    note = "heuristic build"
-    if target.device_type == "cpu" and _numel(graph) <= interpret_max_numel:
+    note, compiled = "heuristic build", None
+    if target.device_type == "cuda":
+        compiled = compile_kernels(built, target)
+        note = f"heuristic build, {len(compiled)} kernels compiled for {target.arch}"
+    elif target.device_type == "cpu" and _numel(graph) <= interpret_max_numel:
         _check_on_interpreter(graph, built)
         note = "heuristic build, checked on the Triton interpreter"
-    return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built), note=note)
+    return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built, compiled), note=note)
 
 
 def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,

@@ -211,7 +211,8 @@ def fail_attempt(session: Session, job: JobRow, worker: str, error: str, max_att
     """Record a failed attempt: back to `queued`, or `failed` once attempts are used up
     ('lost' when another worker took the job meanwhile)."""
     if job.attempts >= max_attempts:
-        finish_failed(session, job, worker, f"failed {job.attempts} times; last error: {error}")
+        times = "once" if job.attempts == 1 else f"{job.attempts} times"
+        finish_failed(session, job, worker, f"failed {times}; last error: {error}")
         return "failed"
     now = utcnow()
     if not session.execute(update(JobRow).where(_held(job, worker)).values(
@@ -300,12 +301,16 @@ def publish_schedule(session: Session, key: str, status: str, schedule: dict[str
     session.flush()
     for i, k in enumerate(kernels):
         previous = old.get(k["name"])
+        # Compile facts belong to one source and config: kept when the tuner changed neither.
+        same_binary = previous is not None and previous.source_hash == k.get("source_hash") \
+            and previous.config == k.get("config", {})
         session.add(KernelRow(
             schedule_key=key, position=i, name=k["name"], kind=k.get("kind", ""),
             variant=k.get("variant", ""), config=k.get("config", {}), nodes=k.get("nodes", []),
             ops=k.get("ops", []), source=k.get("source"), source_hash=k.get("source_hash"),
             heuristic_ms=k.get("heuristic_ms", previous.heuristic_ms if previous else None),
-            tuned_ms=k.get("tuned_ms")))
+            tuned_ms=k.get("tuned_ms"),
+            compiled=k.get("compiled") or (previous.compiled if same_binary else None)))
     return True
 
 

@@ -24,6 +24,7 @@ from service import pipeline, store
 from service.context import ServiceContext
 from service.models import GraphRow, JobRow, ScheduleRow, WorkerRow, utcnow
 from service.queue import BUILD_STREAM, Delivery, QueueUnavailable, tune_stream
+from service.target_compile import TargetCompileError
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +183,10 @@ class Worker:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.warning("job %s failed on %s: %s\n%s", job.id, self.id, error, traceback.format_exc())
+            # A kernel that does not compile for the target fails the same way every time.
+            attempts = job.attempts if isinstance(exc, TargetCompileError) else settings.max_attempts
             with self.ctx.transaction() as session:
-                state = store.fail_attempt(session, job, self.id, error[:4000], settings.max_attempts)
+                state = store.fail_attempt(session, job, self.id, error[:4000], attempts)
             if state == "queued":
                 self.ctx.queue.enqueue(delivery.stream, job.id)
             self.ctx.queue.ack(delivery)

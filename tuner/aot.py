@@ -67,7 +67,7 @@ def launch_specs(built: Any) -> list[LaunchSpec]:
             continue
         fn = launch.fn
         if not isinstance(fn, JITFunction):  # imported under TRITON_INTERPRET=1
-            fn = JITFunction(fn.fn)
+            fn = _compilable(built, getattr(step, "name", launch.name), launch.name)
         dtypes = [meta(nodes[s]).dtype for s in launch.in_slots] + [o[3] for o in launch.outs]
         signature = {
             name: "*" + _TL_DTYPES[d] for name, d in zip(fn.arg_names, dtypes, strict=False)
@@ -82,6 +82,32 @@ def launch_specs(built: Any) -> list[LaunchSpec]:
     return specs
 
 
+def _compilable(built: Any, kernel: str, fn_name: str) -> Any:
+    """The kernel's JIT function re-imported with the interpreter off (its @triton.jit
+    helpers too), from the file `compiler.build` wrote for this process's own source."""
+    import importlib.util
+    import os
+
+    from compiler.runtime import kernel_dir
+
+    digest = next(k.source_hash for k in built.kernels if k.name == kernel)
+    path = kernel_dir() / digest[:2] / f"kiln_{digest}.py"
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        spec = importlib.util.spec_from_file_location(f"kiln_aot_{digest}", path)
+        if spec is None or spec.loader is None:
+            raise AotUnavailable(f"cannot import generated kernel {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return getattr(module, fn_name)
+
+
 def compile_for(spec: LaunchSpec, target: Any, limits: TargetLimits | None = None) -> str | None:
     """Compile one launch for the target's GPU; an error string, or None when it fits."""
     import triton
@@ -90,12 +116,9 @@ def compile_for(spec: LaunchSpec, target: Any, limits: TargetLimits | None = Non
 
     cc = getattr(target, "cc", None) or (9, 0)
     limits = limits or limits_for(target)
-    from triton.runtime.jit import JITFunction
-
-    fn = spec.fn if isinstance(spec.fn, JITFunction) else JITFunction(spec.fn.fn)
     try:
         compiled = triton.compile(
-            ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs),
+            ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
             target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
             options=spec.options,
         )

@@ -187,9 +187,10 @@ def precompile(
     loaded = (graph_json, schedule_json, 0)
     key = canonical([graph_json, schedule_json])
     args = [("cpu", key, loaded, c.to_json(), target.to_json()) for c in candidates]
-    if workers <= 1:
-        results = [_compile_one(*a) for a in args]
-    else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            results = list(pool.map(_compile_one, *zip(*args, strict=True)))
+    # Always in spawned workers: a process that has run kernels in the Triton interpreter
+    # has triton.language patched for it, and no longer compiles for a real GPU.
+    with ProcessPoolExecutor(
+        max_workers=max(1, workers), mp_context=mp.get_context("spawn")
+    ) as pool:
+        results = list(pool.map(_compile_one, *zip(*args, strict=True)))
     return {c: r["error"] for c, r in zip(candidates, results, strict=True)}

@@ -7,6 +7,11 @@ Variants (the source depends on the variant, never on the block sizes):
   every input is read once;
 - `online`: like looped, but a max and the sum of exp(x - max) that follows it are
   computed in one pass with a running rescale (softmax, log_softmax, cross-entropy).
+
+NaN follows torch: a floating max/min is NaN when any reduced element is NaN, and
+argmax/argmin give the index of the first NaN. Triton's `tl.max`/`tl.min` skip NaN
+(maxnum/minnum), so each such reduction also reduces a NaN flag (or key) in the same
+pass over the data: lane accumulators use NaN-propagating `tl.maximum`/`tl.minimum`.
 """
 
 from __future__ import annotations
@@ -139,6 +144,11 @@ class _Reducer:
             v = f"{v}.to({tl_dtype(self.dtype)})"
         return w.tmp(f"tl.where(rowmask, {v}, {_identity(info.op, self.dtype)})")
 
+    @property
+    def nan_aware(self) -> bool:
+        """Whether NaN needs handling: max/min/argmax/argmin over floating values."""
+        return self.info.op in ("max", "min", "argmax", "argmin") and self.dtype.is_floating_point
+
     def init(self) -> None:
         dt = tl_dtype(self.dtype)
         self.w.emit(f"{self.acc} = tl.full([XBLOCK, RBLOCK], {_identity(self.info.op, self.dtype)}, {dt})")
@@ -151,13 +161,16 @@ class _Reducer:
             w.emit(f"{acc} = {acc} + {v}")
         elif op == "prod":
             w.emit(f"{acc} = {acc} * {v}")
-        elif op in ("max", "any"):
-            w.emit(f"{acc} = tl.maximum({acc}, {v})")
-        elif op in ("min", "all"):
-            w.emit(f"{acc} = tl.minimum({acc}, {v})")
+        elif op in ("max", "any", "min", "all"):
+            fn = "tl.maximum" if op in ("max", "any") else "tl.minimum"
+            nan = ", propagate_nan=tl.PropagateNan.ALL" if self.nan_aware else ""
+            w.emit(f"{acc} = {fn}({acc}, {v}{nan})")
         else:
             cmp = ">" if op == "argmax" else "<"
-            better = w.tmp(f"({v} {cmp} {acc}) | (({v} == {acc}) & (rindex < {self.idx_acc}))")
+            cond = f"({v} {cmp} {acc}) | (({v} == {acc}) & (rindex < {self.idx_acc}))"
+            if self.nan_aware:  # a lane keeps its first NaN: NaN beats any number
+                cond += f" | (({v} != {v}) & ({acc} == {acc}))"
+            better = w.tmp(cond)
             w.emit(f"{acc} = tl.where({better}, {v}, {acc})")
             w.emit(f"{self.idx_acc} = tl.where({better}, rindex, {self.idx_acc})")
 
@@ -170,13 +183,21 @@ class _Reducer:
         elif op == "prod":
             w.helpers.add(PROD_HELPER)
             expr = f"tl.reduce({values}, 1, _kiln_prod)[:, None]"
-        elif op in ("max", "any"):
-            expr = f"tl.max({values}, 1)[:, None]"
-        elif op in ("min", "all"):
-            expr = f"tl.min({values}, 1)[:, None]"
-        else:
+        elif op in ("max", "any", "min", "all"):
+            expr = f"tl.{'max' if op in ('max', 'any') else 'min'}({values}, 1)[:, None]"
+            if self.nan_aware:
+                expr = f"tl.where({_row_has_nan(values)}, float(\"nan\"), {w.tmp(expr)})"
+        elif not self.nan_aware:
             best = w.tmp(f"tl.{'max' if op == 'argmax' else 'min'}({values}, 1)[:, None]")
             expr = f"tl.min(tl.where({values} == {best}, {indices}, rnumel), 1)[:, None]"
+        else:
+            # One min over a key: NaN lanes rank first (their index), then lanes equal
+            # to the best number (index + rnumel), then the rest (2 * rnumel).
+            best = w.tmp(f"tl.{'max' if op == 'argmax' else 'min'}({values}, 1)[:, None]")
+            key = w.tmp(f"tl.where({values} != {values}, {indices}, tl.where({values} == {best}, "
+                        f"{indices} + rnumel, 2 * rnumel))")
+            first = w.tmp(f"tl.min({key}, 1)[:, None]")
+            expr = f"tl.where({first} >= rnumel, {first} - rnumel, {first})"
         var = w.tmp(expr, prefix=f"red{self.k}_")
         if op == "mean":
             var = w.tmp(f"{var} / {literal(info.domain.rnumel, self.dtype)}" if
@@ -186,6 +207,11 @@ class _Reducer:
         elif compute_dtype(meta(info.node).dtype) != self.dtype:
             var = w.tmp(f"{var}.to({tl_dtype(out_dt)})")
         return var
+
+
+def _row_has_nan(values: str) -> str:
+    """Triton expression: [XBLOCK, 1] true where a row of the block `values` holds a NaN."""
+    return f"(tl.max(({values} != {values}).to(tl.int32), 1)[:, None] != 0)"
 
 
 def _levels(group: KernelGroup, infos: dict[fx.Node, ReductionInfo],
@@ -295,6 +321,7 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
             for n in nodes:
                 if n in pairs.values():  # online: one running max and sum per row
                     w.emit(f"{reducers[n].acc} = tl.full([XBLOCK, 1], float(\"-inf\"), tl.float32)")
+                    w.emit(f"nan{reducers[n].k} = tl.zeros([XBLOCK, RBLOCK], tl.int1)")
                 else:
                     reducers[n].init()
             for s in fused:
@@ -314,10 +341,12 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
                 if n not in pairs.values():
                     _set_anchor(w, infos[n], r.finish(r.acc, r.idx_acc), rows)
                     continue
-                _set_anchor(w, infos[n], r.acc, rows)
+                nan = w.tmp(f"tl.max(nan{r.k}.to(tl.int32), 1)[:, None] != 0")
+                _set_anchor(w, infos[n], w.tmp(f"tl.where({nan}, float(\"nan\"), {r.acc})"), rows)
                 for s in fused:
                     if pairs[s] is n:
-                        _set_anchor(w, infos[s], f"sum{reducers[s].k}", rows)
+                        total = f"tl.where({nan}, float(\"nan\"), sum{reducers[s].k})"
+                        _set_anchor(w, infos[s], w.tmp(total), rows)
         if full_members:
             full = open_rows(loop=True)
     if variant != "persistent" and not full_members:
@@ -336,7 +365,10 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
 
 def _online_step(w: Writer, r: _Reducer, v: str, sums: list[_Reducer]) -> None:
     """Running row max, and the row sums of exp(x - max) rescaled when the max grows:
-    one exp per element (masked lanes hold -inf, so they add exp(-inf) = 0)."""
+    one exp per element (masked lanes hold -inf, so they add exp(-inf) = 0). `tl.max`
+    skips NaN: lanes that saw one are flagged, and the row's max and sums become NaN
+    after the loop (as in eager, where amax is NaN and so is every exp(x - amax))."""
+    w.emit(f"nan{r.k} = nan{r.k} | ({v} != {v})")
     new = w.tmp(f"tl.maximum({r.acc}, tl.max({v}, 1)[:, None])")
     for s in sums:
         w.emit(f"sum{s.k} = tl.where({new} == float(\"-inf\"), 0.0, sum{s.k} * tl.exp({r.acc} - {new})"

@@ -65,9 +65,11 @@ def test_reduction_edge_sizes(shape: tuple[int, ...]) -> None:
     check(lambda x: (x.sum(-1), x.sum(0, keepdim=True), x.mean(-1)), rand(shape, seed=6))
 
 
-def _variants(fn, *inputs, variants=("looped", "persistent", "online"), rblock=8):  # noqa: ANN001, ANN202
+def _variants(fn, *inputs, variants=("looped", "persistent", "online"), rblock=8,  # noqa: ANN001, ANN202
+              poison=True):
     """Build with every reduction kernel forced to each variant (small RBLOCK: several
-    loop iterations and ragged tails); every build must match eager."""
+    loop iterations and ragged tails); every build must match eager. `poison` is the
+    output fill (True: NaN; a number where NaN results are expected)."""
     gm = trace(fn, *inputs)
     base = compiler.heuristic_schedule(gm, None, list(inputs))
     want = fn(*inputs)
@@ -82,7 +84,7 @@ def _variants(fn, *inputs, variants=("looped", "persistent", "online"), rblock=8
             kernels.append(k)
         schedule = dataclasses.replace(base, kernels=tuple(kernels))
         built = compiler.build(gm, schedule, list(inputs))
-        built.poison = True
+        built.poison = poison
         assert_matches(built(*inputs), want, TOL.get(inputs[0].dtype))
         assert built.fallback_ops == []
     return built
@@ -128,3 +130,74 @@ def test_bad_persistent_config_is_a_clear_error() -> None:
     bad = s.with_kernel(k.name, variant="persistent", config=dict(k.config, RBLOCK=32))
     with pytest.raises(ValueError, match="RBLOCK"):
         compiler.build(gm, bad, [x])
+
+
+# NaN follows torch: max/min are NaN when a reduced element is NaN, argmax/argmin give the
+# first NaN's index, and softmax-style rows holding a NaN are NaN throughout. Outputs are
+# poisoned with a finite value here, since a NaN fill would pass for a NaN result.
+POISON = 1234.5
+
+
+def _with_nans(shape: tuple[int, ...], where: list[tuple[int, ...]], seed: int) -> torch.Tensor:
+    x = rand(shape, seed=seed)
+    for at in where:
+        x[at] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("variant", ["looped", "persistent"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_propagates_through_max_min_argmax_argmin(variant: str, dtype: torch.dtype) -> None:
+    # rows: no NaN, one NaN late (a later loop iteration than the max), two NaNs in
+    # different lanes (the later one in a lower lane: the first NaN must win), all NaN;
+    # columns (dim 0) get NaNs too.
+    x = _with_nans((4, 21), [(1, 17), (2, 12), (2, 3), (3, slice(None))], seed=20).to(dtype)
+    x[0, 5] = 9.0  # a clear row maximum for the NaN-free row
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.amax(-1), x.amin(-1, keepdim=True), x.argmax(-1), x.argmin(-1),
+                x.amax(0), x.argmax(0), torch.max(x), torch.min(x), x.argmax())
+
+    want = fn(x)
+    assert want[0][1].isnan() and int(want[2][2]) == 3 and not want[0][0].isnan()
+    _variants(fn, x, variants=(variant,), rblock=8, poison=POISON)
+
+
+def test_nan_row_max_with_infinities() -> None:
+    # -inf and +inf next to a NaN: the NaN still wins; a row of -inf keeps -inf.
+    x = torch.tensor([[float("-inf"), float("nan"), float("-inf")],
+                      [float("inf"), 1.0, float("nan")],
+                      [float("-inf"), float("-inf"), float("-inf")]])
+    _variants(lambda x: (x.amax(-1), x.amin(-1), x.argmax(-1), x.argmin(-1)), x,
+              variants=("looped", "persistent"), rblock=2, poison=POISON)
+
+
+@pytest.mark.parametrize("variant", ["looped", "persistent", "online"])
+def test_softmax_of_a_row_with_nan_is_nan(variant: str) -> None:
+    # NaN in the first, a middle and the last loop iteration of different rows; row 3 is
+    # clean and must stay finite. Row 4 is -inf but for one NaN: its max is NaN, not -inf.
+    x = _with_nans((5, 37), [(0, 0), (1, 20), (2, 36)], seed=21)
+    x[4] = float("-inf")
+    x[4, 10] = float("nan")
+    want = torch.softmax(x, -1)
+    assert want[:3].isnan().all() and want[4].isnan().all() and not want[3].isnan().any()
+    _variants(lambda x: torch.softmax(x, -1), x, variants=(variant,), poison=POISON)
+    _variants(lambda x: torch.log_softmax(x, -1), x, variants=(variant,), poison=POISON)
+
+
+@pytest.mark.parametrize("variant", ["looped", "persistent", "online"])
+def test_softmax_max_output_is_nan_with_nan_rows(variant: str) -> None:
+    # The online max itself (an output here, not only a step towards the sum) is NaN.
+    x = _with_nans((3, 19), [(1, 15)], seed=22)
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m = x.amax(-1, keepdim=True)
+        return m, torch.exp(x - m).sum(-1)
+
+    _variants(fn, x, variants=(variant,), poison=POISON)
+
+
+def test_cross_entropy_with_nan_logits_is_nan() -> None:
+    logits = _with_nans((6, 41), [(2, 30)], seed=23)
+    target = torch.tensor([0, 40, 7, 3, 3, 12])
+    _variants(lambda x, y: F.cross_entropy(x, y, reduction="none"), logits, target, poison=POISON)

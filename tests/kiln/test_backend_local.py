@@ -133,6 +133,22 @@ def test_hash_mismatch_from_the_service_builds_locally_with_one_warning(kiln_war
     assert stats["schedules_local"] == 2 and stats["schedules_fetched"] == 0
 
 
+def test_a_graph_the_service_failed_to_build_is_built_locally_and_not_polled(kiln_warnings):
+    def failed(method, path, body):
+        key = compiler.tuning_key(compiler.from_wire(body["graph"]),
+                                  compiler.Target.from_json(body["target"]))
+        return json_reply(202, {"key": key, "status": "failed", "job_id": 3, "schedule": None})
+
+    with FakeServer(failed) as srv:
+        kiln.configure(url=srv.url, poll_interval=0.05)
+        want = train_mlp(steps=2, backend=None)
+        assert_close_losses(train_mlp(steps=2), want)
+        time.sleep(0.3)  # a poller would have asked again by now
+    assert [m for m, *_ in srv.requests] == ["POST", "POST"]  # forward, backward; no polls
+    assert causes(kiln_warnings) == {"rejected": 1}
+    assert kiln.stats()["schedules_local"] == 2
+
+
 def test_hash_mismatch_in_the_local_cache_is_a_miss(kiln_warnings, kiln_state):
     kiln.configure(url=None)
     want = train_mlp(steps=2, backend=None)

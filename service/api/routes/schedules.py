@@ -13,7 +13,8 @@ from service.hotpath import DatabaseUnavailable, ScheduleReader
 from service.metrics import LOOKUPS
 
 router = APIRouter(prefix="/v1", tags=["schedules"])
-KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+# \Z, not $: `$` also matches before a trailing newline, so "<64 hex>\n" would pass.
+KEY_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 @router.get("/schedules/{key}", responses={200: {"description": "schedule"},

@@ -21,10 +21,11 @@ def fused_amax_sub_exp_sum_0(in_ptr0, out_ptr0, out_ptr1, XBLOCK: tl.constexpr, 
     rowmask = xmask & rmask
     tmp0 = tl.load(in_ptr0 + (xindex * 10 + rindex), rowmask, other=0).to(tl.float32)
     tmp1 = tl.where(rowmask, tmp0, float("-inf"))
-    red0_2 = tl.max(tmp1, 1)[:, None]
-    tmp3 = tmp0 - red0_2
-    tmp4 = tl.exp(tmp3)
-    tmp5 = tl.where(rowmask, tmp4, 0.0)
-    red1_6 = tl.sum(tmp5, 1)[:, None]
-    tl.store(out_ptr0 + xindex, red0_2, xmask)
-    tl.store(out_ptr1 + xindex, red1_6, xmask)
+    tmp2 = tl.max(tmp1, 1)[:, None]
+    red0_3 = tl.where((tl.max((tmp1 != tmp1).to(tl.int32), 1)[:, None] != 0), float("nan"), tmp2)
+    tmp4 = tmp0 - red0_3
+    tmp5 = tl.exp(tmp4)
+    tmp6 = tl.where(rowmask, tmp5, 0.0)
+    red1_7 = tl.sum(tmp6, 1)[:, None]
+    tl.store(out_ptr0 + xindex, red0_3, xmask)
+    tl.store(out_ptr1 + xindex, red1_7, xmask)

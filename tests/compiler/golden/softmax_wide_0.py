@@ -25,27 +25,28 @@ def fused_mul_amax_sub_exp_0(in_ptr0, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl
         tmp0 = tl.load(in_ptr0 + (xindex * 5000 + rindex), rowmask, other=0)
         tmp1 = tmp0 * 0.125
         tmp2 = tl.where(rowmask, tmp1, float("-inf"))
-        acc0 = tl.maximum(acc0, tmp2)
-    red0_3 = tl.max(acc0, 1)[:, None]
+        acc0 = tl.maximum(acc0, tmp2, propagate_nan=tl.PropagateNan.ALL)
+    tmp3 = tl.max(acc0, 1)[:, None]
+    red0_4 = tl.where((tl.max((acc0 != acc0).to(tl.int32), 1)[:, None] != 0), float("nan"), tmp3)
     acc1 = tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)
     for roffset in range(0, rnumel, RBLOCK):
         rindex = roffset + rbase
         rmask = rindex < rnumel
         rowmask = xmask & rmask
-        tmp4 = tl.load(in_ptr0 + (xindex * 5000 + rindex), rowmask, other=0)
-        tmp5 = tmp4 * 0.125
-        tmp6 = tmp5 - red0_3
-        tmp7 = tl.exp(tmp6)
-        tmp8 = tl.where(rowmask, tmp7, 0.0)
-        acc1 = acc1 + tmp8
-    red1_9 = tl.sum(acc1, 1)[:, None]
+        tmp5 = tl.load(in_ptr0 + (xindex * 5000 + rindex), rowmask, other=0)
+        tmp6 = tmp5 * 0.125
+        tmp7 = tmp6 - red0_4
+        tmp8 = tl.exp(tmp7)
+        tmp9 = tl.where(rowmask, tmp8, 0.0)
+        acc1 = acc1 + tmp9
+    red1_10 = tl.sum(acc1, 1)[:, None]
     for roffset in range(0, rnumel, RBLOCK):
         rindex = roffset + rbase
         rmask = rindex < rnumel
         rowmask = xmask & rmask
-        tmp10 = tl.load(in_ptr0 + (xindex * 5000 + rindex), rowmask, other=0)
-        tmp11 = tmp10 * 0.125
-        tmp12 = tmp11 - red0_3
-        tmp13 = tl.exp(tmp12)
-        tmp14 = tmp13 / red1_9
-        tl.store(out_ptr0 + (xindex * 5000 + rindex), tmp14, rowmask)
+        tmp11 = tl.load(in_ptr0 + (xindex * 5000 + rindex), rowmask, other=0)
+        tmp12 = tmp11 * 0.125
+        tmp13 = tmp12 - red0_4
+        tmp14 = tl.exp(tmp13)
+        tmp15 = tmp14 / red1_10
+        tl.store(out_ptr0 + (xindex * 5000 + rindex), tmp15, rowmask)

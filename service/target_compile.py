@@ -1,0 +1,122 @@
+"""Compile a heuristic build's kernels for a CUDA target, on the CPU worker (no GPU needed).
+
+Triton lowers a kernel down to a cubin for `GPUTarget("cuda", cc, 32)` without a device, so
+the CPU worker proves that every kernel of the schedule it publishes compiles for the
+target's architecture and fits it (shared memory, registers per block), and keeps what the
+compiled kernel says about itself for inspection: registers per thread, spills, shared
+memory, binary size. The launches come from `tuner.aot.launch_specs`; register and local
+memory counts from the cubin's resource table (`cuobjdump`, shipped with Triton).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_RESOURCES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+
+
+class TargetCompileError(ValueError):
+    """A kernel does not compile for the target, or does not fit it: the same build fails
+    the same way on every attempt, so the job fails at once with this message."""
+
+
+def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
+    """Compile every Triton kernel of `built` (a `compiler.Built`) for the CUDA `target`;
+    kernel name -> compile facts. Raises `TargetCompileError` naming the kernel, the
+    target and the reason when one does not compile or does not fit."""
+    from tuner import aot
+    from tuner.space import limits_for
+
+    if target.device_type != "cuda" or target.cc is None:
+        raise ValueError(f"compiling for the target needs a CUDA target, not {target.arch}")
+    limits = limits_for(target)
+    facts: dict[str, dict[str, Any]] = {}
+    for spec in aot.launch_specs(built):
+        if spec.kernel in facts:  # another launch of the same kernel: the same binary
+            continue
+        start = time.monotonic()
+        compiled = _compile(spec, target)
+        found = _facts(compiled, target, time.monotonic() - start)
+        too_big = aot.shared_memory_error(spec, compiled, limits)
+        if too_big:
+            raise TargetCompileError(f"kernel {spec.kernel} does not fit {target.arch}: {too_big}")
+        threads = found["num_warps"] * 32
+        if found["registers"] is not None and found["registers"] * threads > limits.registers_per_block:
+            raise TargetCompileError(
+                f"kernel {spec.kernel} does not fit {target.arch}: {found['registers']} registers "
+                f"x {threads} threads exceed the {limits.registers_per_block} registers of a block")
+        facts[spec.kernel] = found
+    missing = [k.name for k in built.kernels if k.name not in facts]
+    if missing:
+        raise TargetCompileError(f"kernels {missing} have no launch to compile for {target.arch}")
+    return facts
+
+
+def _compile(spec: Any, target: Any) -> Any:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    major, minor = target.cc
+    try:
+        return triton.compile(
+            ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
+            target=GPUTarget("cuda", major * 10 + minor, 32), options=spec.options)
+    except Exception as exc:  # Triton's errors span many types; all mean "does not compile"
+        first = next((line for line in str(exc).splitlines() if line.strip()), "")
+        raise TargetCompileError(
+            f"kernel {spec.kernel} does not compile for {target.arch} "
+            f"(config {spec.constexprs | spec.options}): {type(exc).__name__}: {first[:400]}"
+        ) from exc
+
+
+def _facts(compiled: Any, target: Any, seconds: float) -> dict[str, Any]:
+    """What the compiled kernel's metadata and its cubin's resource table say."""
+    md = compiled.metadata
+    cubin = compiled.asm.get("cubin", b"")
+    usage = _resource_usage(cubin)
+    return {
+        "arch": target.arch,
+        "num_warps": int(md.num_warps),
+        "num_stages": int(md.num_stages),
+        "shared_bytes": int(md.shared),  # what a launch requests (dynamic shared memory)
+        "registers": usage.get("registers"),  # per thread
+        "spills": usage["local_bytes"] // 4 if "local_bytes" in usage else None,  # as Triton counts
+        "local_bytes": usage.get("local_bytes"),
+        "stack_bytes": usage.get("stack_bytes"),
+        "static_shared_bytes": usage.get("static_shared_bytes"),
+        "binary_bytes": len(cubin),
+        "compile_s": round(seconds, 3),
+    }
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers, stack, static shared and local bytes of a cubin's one kernel, from
+    `cuobjdump --dump-resource-usage`; empty (logged) when the tool is missing or fails."""
+    try:
+        from triton import knobs
+
+        tool = knobs.nvidia.cuobjdump.path
+        with tempfile.TemporaryDirectory(prefix="kiln-cubin-") as tmp:
+            path = Path(tmp) / "kernel.cubin"
+            path.write_bytes(cubin)
+            out = subprocess.run([tool, "--dump-resource-usage", str(path)], capture_output=True,
+                                 text=True, timeout=60, check=True).stdout
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("no register counts for a kernel: cuobjdump failed (%s)", exc)
+        return {}
+    match = _RESOURCES.search(out)
+    if match is None:
+        log.warning("no register counts for a kernel: cuobjdump printed no resource table")
+        return {}
+    regs, stack, shared, local = (int(g) for g in match.groups())
+    return {"registers": regs, "stack_bytes": stack, "static_shared_bytes": shared,
+            "local_bytes": local}

@@ -1,0 +1,1 @@
+"""Injection tests: client data must never become code, markup, SQL, paths or log lines."""
