@@ -71,8 +71,10 @@ def parse_submission(body: bytes) -> tuple[Submission, Any]:
         raise ApiError(422, "invalid_request", "the body must be a JSON object")
     raw_graph, raw_target = _field(obj, "graph"), _field(obj, "target")
     tag = obj.get("tag")
-    if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG):
-        raise ApiError(422, "invalid_request", f"'tag' must be a string of at most {MAX_TAG} characters")
+    # printable: no line breaks, terminal escapes or bidi overrides to spoof pages and logs
+    if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG or not tag.isprintable()):
+        raise ApiError(422, "invalid_request",
+                       f"'tag' must be a printable string of at most {MAX_TAG} characters")
     try:
         graph = compiler.from_wire(raw_graph)
     except (ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:

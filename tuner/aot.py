@@ -11,6 +11,9 @@ them and raises `AotUnavailable` with a clear message if their shape ever change
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,26 +89,33 @@ def _compilable(built: Any, kernel: str, fn_name: str) -> Any:
     """The kernel's JIT function re-imported with the interpreter off (its @triton.jit
     helpers too), from the file `compiler.build` wrote for this process's own source."""
     import importlib.util
-    import os
 
     from compiler.runtime import kernel_dir
 
     digest = next(k.source_hash for k in built.kernels if k.name == kernel)
     path = kernel_dir() / digest[:2] / f"kiln_{digest}.py"
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
+    with interpreter_off():
         spec = importlib.util.spec_from_file_location(f"kiln_aot_{digest}", path)
         if spec is None or spec.loader is None:
             raise AotUnavailable(f"cannot import generated kernel {path}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+    return getattr(module, fn_name)
+
+
+@contextmanager
+def interpreter_off() -> Iterator[None]:
+    """TRITON_INTERPRET=0 for the duration: Triton reads it while decorating and compiling,
+    and under the interpreter its compile path does not lower for a real GPU."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
     finally:
         if saved is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = saved
-    return getattr(module, fn_name)
 
 
 def compile_for(spec: LaunchSpec, target: Any, limits: TargetLimits | None = None) -> str | None:
@@ -117,11 +127,12 @@ def compile_for(spec: LaunchSpec, target: Any, limits: TargetLimits | None = Non
     cc = getattr(target, "cc", None) or (9, 0)
     limits = limits or limits_for(target)
     try:
-        compiled = triton.compile(
-            ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
-            target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
-            options=spec.options,
-        )
+        with interpreter_off():
+            compiled = triton.compile(
+                ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
+                target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
+                options=spec.options,
+            )
     except Exception as exc:  # a config Triton cannot lower is a recorded verdict
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
         return f"{BUILD_ERROR}: {spec.kernel}: {text}"

@@ -294,8 +294,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+_ENV_TOUCHED = (
+    "TRITON_INTERPRET",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "KILN_KERNEL_DIR",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the suite; print progress to stderr and the table last to stdout; write JSON."""
+    saved = {k: os.environ.get(k) for k in _ENV_TOUCHED}
+    try:
+        return _main(argv)
+    finally:  # leave the caller's environment as it was (tests call main in-process)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr

@@ -30,6 +30,10 @@ _graphs: dict[str, tuple[Any, dict]] = {}  # key -> (compiler.Graph, base schedu
 
 
 def _init_worker(device: str) -> None:
+    if device == "cpu":
+        # Ahead-of-time compiles need Triton imported with the interpreter off: under it,
+        # triton.language's own @jit helpers (tl.max, tl.sum) are interpreted functions.
+        os.environ["TRITON_INTERPRET"] = "0"
     if device.startswith("cuda:"):
         import torch
 

@@ -95,10 +95,16 @@ async def client_principal(request: Request) -> Principal:
 async def admin_principal(request: Request) -> Principal:
     """Caller of an admin endpoint: an admin token, as bearer or the dashboard cookie."""
     ctx = get_ctx(request)
-    token = _bearer(request) or request.cookies.get(ADMIN_COOKIE)
+    bearer = _bearer(request)
+    token = bearer or request.cookies.get(ADMIN_COOKIE)
     if not token:
         raise ApiError(401, "unauthorized", "an admin token is required",
                        {"WWW-Authenticate": "Bearer"})
+    if bearer is None and request.method not in ("GET", "HEAD", "OPTIONS"):
+        # A browser sends the cookie with any form post from the same site (another port
+        # or subdomain): only reads may ride on it; the dashboard's own forms carry CSRF tokens.
+        raise ApiError(403, "forbidden", "state-changing admin calls need the Authorization "
+                       "header; the dashboard cookie only allows reads")
     role = await request.app.state.token_roles.role(ctx, token)
     if role is None:
         raise ApiError(401, "unauthorized", "unknown or revoked token",

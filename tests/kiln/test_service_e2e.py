@@ -65,7 +65,10 @@ def test_mlp_and_gpt_train_through_the_service_and_a_second_process_fetches_ever
 
 def test_service_dying_mid_run_costs_one_warning_and_training_continues(service,
                                                                         kiln_warnings):
-    kiln.configure(url=service.url, mode="wait", poll_interval=0.1, retries=0)
+    # A generous request timeout: on a loaded 2-core machine the live service can take
+    # seconds to answer, and this test is about its death, not its speed.
+    kiln.configure(url=service.url, mode="wait", poll_interval=0.1, retries=0,
+                   request_timeout=60.0)
     torch.manual_seed(0)
     model = SeedMLP(16, 32, 10)
     reference = SeedMLP(16, 32, 10)

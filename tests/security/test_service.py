@@ -95,6 +95,14 @@ def test_repeated_keys_and_bare_nan_in_the_body_are_refused(client: TestClient) 
         assert response.json()["error"]["code"] == "invalid_json"
 
 
+def test_tags_must_be_printable(client: TestClient) -> None:
+    for tag in ("a\nb", "x\x1b[31m", "nul\x00", "rtl\u202etxt.exe", "a" * 201, 7):
+        response = _submit(client, relu_graph(), tag=tag)  # type: ignore[arg-type]
+        assert response.status_code == 422, (tag, response.text)
+        assert response.json()["error"]["code"] == "invalid_request"
+    assert _submit(client, relu_graph(), tag="gpt-2 small / été").status_code == 202
+
+
 def test_keys_with_a_trailing_newline_are_refused(client: TestClient) -> None:
     response = _submit(client, relu_graph())
     assert response.status_code == 202, response.text
@@ -168,6 +176,22 @@ def test_client_text_is_escaped_on_every_dashboard_page(client: TestClient) -> N
     assert "&lt;script&gt;" in pages["jobs"].text
     assert "&lt;img src=x onerror=alert(&#39;k&#39;)&gt;" in pages["missing entry"].text
     assert f'value="{SCRIPT_TAG}"' not in pages["entries filtered"].text
+
+
+def test_admin_cookie_alone_cannot_change_state_through_the_json_api(client: TestClient) -> None:
+    # A form on any same-site page (another port of the host, a sibling subdomain) posts with
+    # the SameSite=Strict cookie attached; the JSON admin API has no CSRF token to check.
+    key = _submit(client, relu_graph()).json()["key"]
+    _login(client)
+    assert client.get(f"/v1/admin/entries/{key}").status_code == 200  # reads are fine
+    for action in ("invalidate", "retune"):
+        response = client.post(f"/v1/admin/entries/{key}/{action}",
+                               headers={"content-type": "application/x-www-form-urlencoded"})
+        assert response.status_code == 403, response.text
+    assert client.get(f"/v1/admin/entries/{key}").json()["status"] != "invalidated"
+    response = client.post(f"/v1/admin/entries/{key}/invalidate",
+                           headers={"Authorization": f"Bearer {ADMIN}"})
+    assert response.status_code == 200 and response.json()["status"] == "invalidated"
 
 
 def test_login_next_cannot_inject_headers_or_leave_the_dashboard(client: TestClient) -> None:

@@ -120,8 +120,9 @@ def test_too_large_bodies_get_413(client: TestClient, monkeypatch: pytest.Monkey
 
 
 def test_values_the_database_cannot_store_are_422(client: TestClient) -> None:
-    for r in (client.post("/v1/graphs", json=wire_body(tag="a\x00b")),
-              client.get("/v1/admin/entries", params={"q": "ab\x00"}, headers=ADMIN),
+    r = client.post("/v1/graphs", json=wire_body(tag="a\x00b"))  # refused before the database
+    assert r.status_code == 422 and "printable" in r.json()["error"]["message"]
+    for r in (client.get("/v1/admin/entries", params={"q": "ab\x00"}, headers=ADMIN),
               client.get("/v1/admin/entries", params={"tag": "\x00"}, headers=ADMIN)):
         assert r.status_code == 422 and "cannot be stored" in r.json()["error"]["message"]
     r = client.post("/v1/admin/entries/ab%00/invalidate", headers=ADMIN)

@@ -1,7 +1,8 @@
 """Ahead-of-time compile for an H100/H200 target on a machine without a GPU.
 
-The checks run in a spawned process: one that has run kernels in the Triton interpreter
-(other tests in this worker may have) has triton.language patched and cannot compile.
+The checks run in a spawned process with TRITON_INTERPRET=0: a process that imported
+Triton under the interpreter (CI sets it) has interpreted triton.language helpers and
+cannot compile for a real GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def _softmax_graph():
 
 
 def _aot_checks() -> tuple[bool, str | None, str | None]:
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "0"  # before Triton loads (see tuner.builder._init_worker)
     import compiler
     from tuner.aot import compile_kernel, launch_specs
     from tuner.space import TargetLimits
