@@ -1,7 +1,8 @@
-"""The BENCH.md cases as traceable modules, at full size or shrunk for the CPU.
+"""The BENCH.md cases as traceable modules with their inputs, at full size or shrunk for the CPU.
 
-Used by `python -m compiler.coverage` and `python -m compiler.gpu_check`; the tuner's
-`python -m tuner.bench` is the full benchmark.
+The one definition of the suite's models and inputs: `python -m compiler.coverage` and
+`python -m compiler.gpu_check` use it directly, and the tuner's `python -m tuner.bench`
+(the full benchmark) builds its cases on it, adding its roofline terms.
 """
 
 from __future__ import annotations
@@ -33,11 +34,17 @@ class LnGeluResidual(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-6) -> None:
+    """RMS norm; `fp32_stats` computes the mean square and rsqrt in float32 (then casts
+    back), as bf16 models usually do, instead of in the input's dtype."""
+
+    def __init__(self, d: int, eps: float = 1e-6, fp32_stats: bool = False) -> None:
         super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
+        self.weight, self.eps, self.fp32_stats = nn.Parameter(torch.ones(d)), eps, fp32_stats
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp32_stats:
+            scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)
+            return x * scale * self.weight
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -98,51 +105,103 @@ def _nbytes(*ts: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
 
 
-def cases(small: bool = False) -> list[BenchCase]:
-    """The suite; `small` shrinks every size so the CPU interpreter can run it."""
-    s = 16 if small else 1
+_LN = {"full": {"m": 8192, "d": 4096}, "small": {"m": 512, "d": 256}, "tiny": {"m": 16, "d": 64}}
+_GPT = {"full": {"b": 8, "s": 1024, "d": 1024, "h": 16}, "small": {"b": 2, "s": 64, "d": 64, "h": 4},
+        "tiny": {"b": 1, "s": 16, "d": 32, "h": 2}}
+
+# Case -> scale -> sizes. "full": BENCH.md's GPU shapes; "small": about 1/16 of them, for the
+# interpreter (`compiler.coverage`, `compiler.gpu_check --small`); "tiny": smaller still, for
+# `python -m tuner.bench --device cpu`, which builds and runs every tuning candidate.
+DIMS: dict[str, dict[str, dict[str, int]]] = {
+    "seed_mlp": {"full": {"batch": 32}, "small": {"batch": 32}, "tiny": {"batch": 4}},
+    "seed_matmul": {"full": {"n": 128}, "small": {"n": 128}, "tiny": {"n": 16}},
+    "ln_gelu_residual": _LN,
+    "softmax_rows": {"full": {"m": 16384, "n": 2048}, "small": {"m": 1024, "n": 128},
+                     "tiny": {"m": 16, "n": 128}},
+    "rmsnorm": _LN,
+    "linear_gelu": {"full": {"m": 8192, "k": 4096, "n": 4096},
+                    "small": {"m": 512, "k": 256, "n": 256}, "tiny": {"m": 16, "k": 32, "n": 32}},
+    "cross_entropy": {"full": {"m": 8192, "v": 32000}, "small": {"m": 512, "v": 2000},
+                      "tiny": {"m": 16, "v": 100}},
+    "gpt_block": _GPT,
+    "gpt_block_train": _GPT,
+}
+CASE_NAMES = tuple(DIMS)
+SCALES = ("full", "small", "tiny")
+
+_Make = Callable[[torch.device], tuple[nn.Module, list[torch.Tensor]]]
+
+
+def _makers(dims: dict[str, dict[str, int]], rms_fp32: bool) -> dict[str, _Make]:
+    """Each case's `make(device)` at the given sizes: the module first, then its inputs
+    (drawn from the global RNG in that order, so a seed fixes both)."""
     bf16 = torch.bfloat16
 
+    def randn(dev: torch.device, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=dtype)
+
     def mlp(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        return SeedMLP().to(dev), [torch.randn(32, 128, device=dev)]
+        return SeedMLP().to(dev), [randn(dev, dims["seed_mlp"]["batch"], 128)]
 
     def matmul(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        return _fn_module(torch.mm), [torch.randn(128, 128, device=dev), torch.randn(128, 128, device=dev)]
+        n = dims["seed_matmul"]["n"]
+        return _fn_module(torch.mm), [randn(dev, n, n), randn(dev, n, n)]
 
     def ln(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        m, n = 8192 // s, 4096 // s
+        m, n = dims["ln_gelu_residual"]["m"], dims["ln_gelu_residual"]["d"]
         return (LnGeluResidual(n).to(dev, bf16),
-                [torch.randn(m, n, device=dev, dtype=bf16), torch.randn(m, n, device=dev, dtype=bf16)])
+                [randn(dev, m, n, dtype=bf16), randn(dev, m, n, dtype=bf16)])
 
     def softmax(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        return (_fn_module(lambda x: torch.softmax(x * 0.125, -1)),
-                [torch.randn(16384 // s, 2048 // s, device=dev)])
+        m, n = dims["softmax_rows"]["m"], dims["softmax_rows"]["n"]
+        return _fn_module(lambda x: torch.softmax(x * 0.125, -1)), [randn(dev, m, n)]
 
     def rms(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        m, n = 8192 // s, 4096 // s
-        return RMSNorm(n).to(dev, bf16), [torch.randn(m, n, device=dev, dtype=bf16)]
+        m, n = dims["rmsnorm"]["m"], dims["rmsnorm"]["d"]
+        return RMSNorm(n, fp32_stats=rms_fp32).to(dev, bf16), [randn(dev, m, n, dtype=bf16)]
 
     def linear(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        m, n = 8192 // s, 4096 // s
-        return LinearGelu(n, n).to(dev, bf16), [torch.randn(m, n, device=dev, dtype=bf16)]
+        m, k, n = (dims["linear_gelu"][x] for x in ("m", "k", "n"))
+        return LinearGelu(k, n).to(dev, bf16), [randn(dev, m, k, dtype=bf16)]
 
     def ce(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        m, v = 8192 // s, 32000 // s
+        m, v = dims["cross_entropy"]["m"], dims["cross_entropy"]["v"]
         return (_fn_module(lambda x, y: F.cross_entropy(x, y)),
-                [torch.randn(m, v, device=dev, dtype=bf16), torch.randint(0, v, (m,), device=dev)])
+                [randn(dev, m, v, dtype=bf16), torch.randint(0, v, (m,), device=dev)])
 
     def gpt(dev: torch.device) -> tuple[nn.Module, list[torch.Tensor]]:
-        d, h, b, seq = (1024 // s, 16 // (4 if small else 1), 8 // (4 if small else 1), 1024 // s)
-        return GPTBlock(d, h).to(dev, bf16), [torch.randn(b, seq, d, device=dev, dtype=bf16)]
+        b, seq, d, h = (dims["gpt_block"][x] for x in ("b", "s", "d", "h"))
+        return GPTBlock(d, h).to(dev, bf16), [randn(dev, b, seq, d, dtype=bf16)]
 
+    return {"seed_mlp": mlp, "seed_matmul": matmul, "ln_gelu_residual": ln,
+            "softmax_rows": softmax, "rmsnorm": rms, "linear_gelu": linear,
+            "cross_entropy": ce, "gpt_block": gpt, "gpt_block_train": gpt}
+
+
+def cases(small: bool = False, scale: str | None = None, rms_fp32: bool = False) -> list[BenchCase]:
+    """The suite at `scale` (one of SCALES; default "small" when `small`, else "full").
+    `rms_fp32` builds rmsnorm with float32 statistics (the tuner's bench does)."""
+    scale = scale or ("small" if small else "full")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+    make = _makers({name: sizes[scale] for name, sizes in DIMS.items()}, rms_fp32)
     return [
-        BenchCase("seed_mlp", mlp, False),
-        BenchCase("seed_matmul", matmul, False),
-        BenchCase("ln_gelu_residual", ln, True, bytes_moved=lambda i: 3 * _nbytes(i[0])),
-        BenchCase("softmax_rows", softmax, True, bytes_moved=lambda i: 2 * _nbytes(i[0])),
-        BenchCase("rmsnorm", rms, True, bytes_moved=lambda i: 2 * _nbytes(i[0])),
-        BenchCase("linear_gelu", linear, False),
-        BenchCase("cross_entropy", ce, True, bytes_moved=lambda i: _nbytes(*i)),
-        BenchCase("gpt_block", gpt, False),
-        BenchCase("gpt_block_train", gpt, False, train=True),
+        BenchCase("seed_mlp", make["seed_mlp"], False),
+        BenchCase("seed_matmul", make["seed_matmul"], False),
+        BenchCase("ln_gelu_residual", make["ln_gelu_residual"], True,
+                  bytes_moved=lambda i: 3 * _nbytes(i[0])),
+        BenchCase("softmax_rows", make["softmax_rows"], True, bytes_moved=lambda i: 2 * _nbytes(i[0])),
+        BenchCase("rmsnorm", make["rmsnorm"], True, bytes_moved=lambda i: 2 * _nbytes(i[0])),
+        BenchCase("linear_gelu", make["linear_gelu"], False),
+        BenchCase("cross_entropy", make["cross_entropy"], True, bytes_moved=lambda i: _nbytes(*i)),
+        BenchCase("gpt_block", make["gpt_block"], False),
+        BenchCase("gpt_block_train", make["gpt_block_train"], False, train=True),
     ]
+
+
+def case(name: str, scale: str = "full", rms_fp32: bool = False) -> BenchCase:
+    """One case of `cases(scale=scale, rms_fp32=rms_fp32)` by name."""
+    for found in cases(scale=scale, rms_fp32=rms_fp32):
+        if found.name == name:
+            return found
+    raise ValueError(f"unknown case {name!r}; choose from {', '.join(CASE_NAMES)}")

@@ -1,5 +1,8 @@
 """Op coverage: `python -m compiler.coverage` prints, for the test corpus and the BENCH.md
-suite, how many aten nodes ran in Triton kernels and how many as ATen calls, by op."""
+suite (small shapes), how many aten nodes ran in Triton kernels and how many as ATen calls,
+by op. It counts what lowering decides; a schedule may still run a big matmul kernel as
+its `aten` variant (cuBLAS, with the fused epilogue as a Triton kernel) on a GPU target.
+Exit status 1 when a pointwise, reduction or matmul op fell back to an ATen call."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ def pointwise_config(xnumel: int, gpu: bool) -> dict[str, int]:
 
 
 def reduction_choice(group: KernelGroup, gpu: bool) -> tuple[str, dict[str, int]]:
-    """Variant and config of a reduction: persistent rows when they fit, else looped
-    (online when a softmax-style max/sum pair lets one pass replace two)."""
+    """Variant and config of a reduction: persistent rows when they fit, else looped.
+    The heuristic never picks `online` (see below); the tuner may."""
     dom = group.domain
     x, r = dom.xnumel, dom.rnumel
     rblock_full = next_pow2(r)

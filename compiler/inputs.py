@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from compiler import input_stats
 from compiler.wire import Graph, from_wire
 from compiler.wire_decode import NodeSpec, TensorMeta
 from compiler.wire_schema import Ref
@@ -166,11 +167,12 @@ def _tap(start: torch.Tensor, size: int, kernel: int, dil: int, u: torch.Tensor)
 def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str | torch.device = "cpu") -> list[torch.Tensor]:
     """Seeded random tensors for every graph input, honouring dtype, shape, stride and
     storage offset. Floats are standard normal, or uniform in [0.5, 1.5) where they reach
-    sqrt/rsqrt/log/reciprocal (`positive_inputs`); integer inputs that feed index ops
-    (embedding, index, gather, scatter, nll_loss targets) are drawn in [0, size of the
-    indexed dim), max-pool indices inside their window; other integers in [0, 16); bools
-    uniform. Values are drawn on the CPU, so every device gets the same ones.
-    requires_grad is not set.
+    sqrt/rsqrt/log/reciprocal (`positive_inputs`); saved statistics of backward graphs
+    (rstd, invstd, log-probabilities, attention logsumexp: `compiler.input_stats`) are drawn
+    or computed in their realistic range; integer inputs that feed index ops (embedding,
+    index, gather, scatter, nll_loss targets) are drawn in [0, size of the indexed dim),
+    max-pool indices inside their window; other integers in [0, 16); bools uniform. Values
+    are drawn on the CPU, so every device gets the same ones. requires_grad is not set.
     """
     if not isinstance(graph, Graph):
         graph = from_wire(graph)
@@ -178,7 +180,8 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
     ranges = index_ranges(graph)
     windows = _pool_windows(graph)
     positive = positive_inputs(graph)
-    tensors = []
+    stats = input_stats.find(graph, _PASS_THROUGH)
+    flats, views = [], {}
     for inp in graph.inputs:
         numel = 1
         for s in inp.shape:
@@ -188,6 +191,12 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
             flat = torch.randint(0, 2, (extent,), generator=gen).bool()
         elif inp.name in positive:
             flat = (torch.rand(extent, generator=gen) + 0.5).to(inp.dtype)
+        elif inp.name in stats.factors:
+            flat = input_stats.draw_factor(extent, gen).to(inp.dtype)
+        elif inp.name in stats.log_probs and numel:
+            flat = torch.zeros(extent, dtype=inp.dtype)
+            flat.as_strided(inp.shape, inp.stride, inp.storage_offset).copy_(
+                input_stats.draw_log_probs(inp.shape, gen))
         elif inp.dtype.is_floating_point or inp.dtype.is_complex:
             draw_dtype = inp.dtype if inp.dtype.itemsize >= 2 and not str(inp.dtype).startswith("torch.float8") else torch.float32
             flat = torch.randn(extent, generator=gen, dtype=draw_dtype).to(inp.dtype)
@@ -198,5 +207,8 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
         else:
             high = min(ranges.get(inp.name, _DEFAULT_INT_HIGH), torch.iinfo(inp.dtype).max + 1)
             flat = torch.randint(0, high, (extent,), generator=gen, dtype=torch.int64).to(inp.dtype)
-        tensors.append(flat.to(device).as_strided(inp.shape, inp.stride, inp.storage_offset))
-    return tensors
+        flats.append(flat)
+        views[inp.name] = flat.as_strided(inp.shape, inp.stride, inp.storage_offset)
+    input_stats.fill(stats, views, gen)
+    return [flat.to(device).as_strided(inp.shape, inp.stride, inp.storage_offset)
+            for flat, inp in zip(flats, graph.inputs, strict=True)]

@@ -42,6 +42,7 @@ def _schedule(target: dict, graph_hash: str, kernels: int) -> dict:
 
 def seed(database_url: str, entries: int) -> list[str]:
     """Migrate the database and store `entries` heuristic schedules; returns their keys."""
+    from compiler.keys import COMPILER_VERSION
     from service import store
     from service.context import ServiceContext
     from service.migrate import upgrade
@@ -55,7 +56,7 @@ def seed(database_url: str, entries: int) -> list[str]:
         for _ in range(entries):
             graph_hash = uuid.uuid4().hex * 2
             target = {"device_type": "cuda", "arch": "sm_90", "name": "NVIDIA H200",
-                      "torch": "2.11", "triton": "3.6.0", "compiler": "0.1.0"}
+                      "torch": "2.11", "triton": "3.6.0", "compiler": COMPILER_VERSION}
             sub = store.Submission(key=uuid.uuid4().hex * 2, graph_hash=graph_hash, target=target,
                                    queue_class="cuda-sm_90-nvidia-h200", wire="{}",
                                    op_summary={"aten.mm.default": 1}, num_nodes=1)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.target_compile import compile_kernels
+from service.target_compile import compile_schedule
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,8 @@ def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel:
     target = compiler.Target.from_json(target_json)
     built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
     note, compiled = "heuristic build", None
-    if target.device_type == "cuda":
-        compiled = compile_kernels(built, target)
+    if target.device_type == "cuda" and built.kernels:  # ATen calls only: nothing to compile
+        compiled = compile_schedule(wire, built.schedule.to_json())
         note = f"heuristic build, {len(compiled)} kernels compiled for {target.arch}"
     elif target.device_type == "cpu" and _numel(graph) <= interpret_max_numel:
         _check_on_interpreter(graph, built)

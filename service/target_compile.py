@@ -6,19 +6,36 @@ target's architecture and fits it (shared memory, registers per block), and keep
 compiled kernel says about itself for inspection: registers per thread, spills, shared
 memory, binary size. The launches come from `tuner.aot.launch_specs`; register and local
 memory counts from the cubin's resource table (`cuobjdump`, shipped with Triton).
+
+The compile runs in a spawned process with the interpreter off (`compile_schedule`): a
+process that imported Triton under TRITON_INTERPRET=1, as the CPU worker does to check CPU
+targets, has interpreted `tl.max`/`tl.sum` helpers and cannot compile for a real GPU. The
+process lives on across jobs; it rebuilds the graph from the wire JSON and the schedule,
+whose source hashes make sure it compiles exactly the kernels that are published.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import multiprocessing as mp
+import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+COMPILE_TIMEOUT_S = 900.0  # every kernel of one graph; past it the process is killed
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 _RESOURCES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 
@@ -28,10 +45,69 @@ class TargetCompileError(ValueError):
     the same way on every attempt, so the job fails at once with this message."""
 
 
+def compile_schedule(wire: str, schedule: dict[str, Any],
+                     timeout_s: float = COMPILE_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+    """Compile every kernel of `schedule` (JSON, source hashes filled, for a CUDA target)
+    for its target, in the compile process; kernel name -> compile facts. Raises
+    `TargetCompileError` when a kernel does not compile or fit, RuntimeError when the
+    compile process dies or runs past `timeout_s` (the worker retries those)."""
+    future = _compile_pool().submit(_compile_in_child, wire, json.dumps(schedule))
+    try:
+        verdict, payload = future.result(timeout=timeout_s)
+    except BrokenProcessPool as exc:
+        _drop_pool(kill=False)
+        raise RuntimeError("the target-compile process died while compiling") from exc
+    except FutureTimeout as exc:
+        _drop_pool(kill=True)
+        raise RuntimeError(f"compiling the kernels for the target took over {timeout_s:.0f} s") from exc
+    if verdict == "error":
+        raise TargetCompileError(payload)
+    return payload
+
+
+def _compile_in_child(wire: str, schedule_text: str) -> tuple[str, Any]:
+    """In the compile process: ("ok", facts) or ("error", the TargetCompileError's text)."""
+    import compiler
+
+    schedule = compiler.Schedule.from_json(json.loads(schedule_text))
+    built = compiler.build(compiler.from_wire(wire), schedule)
+    try:
+        return "ok", compile_kernels(built, compiler.Target.from_json(schedule.target))
+    except TargetCompileError as exc:
+        return "error", str(exc)
+
+
+def _interpreter_off() -> None:
+    os.environ["TRITON_INTERPRET"] = "0"  # before the child imports Triton
+
+
+def _compile_pool() -> ProcessPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
+                                        initializer=_interpreter_off)
+        return _pool
+
+
+def _drop_pool(kill: bool) -> None:
+    """Forget the compile process (killing it when it hangs); the next job starts another."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is None:
+        return
+    if kill:  # ProcessPoolExecutor cannot cancel a running task: end its process
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
     """Compile every Triton kernel of `built` (a `compiler.Built`) for the CUDA `target`;
     kernel name -> compile facts. Raises `TargetCompileError` naming the kernel, the
-    target and the reason when one does not compile or does not fit."""
+    target and the reason when one does not compile or does not fit. Needs a process
+    whose Triton was imported with the interpreter off (see `compile_schedule`)."""
     from tuner import aot
     from tuner.space import limits_for
 
@@ -71,11 +147,22 @@ def _compile(spec: Any, target: Any) -> Any:
             ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
             target=GPUTarget("cuda", major * 10 + minor, 32), options=spec.options)
     except Exception as exc:  # Triton's errors span many types; all mean "does not compile"
-        first = next((line for line in str(exc).splitlines() if line.strip()), "")
         raise TargetCompileError(
             f"kernel {spec.kernel} does not compile for {target.arch} "
-            f"(config {spec.constexprs | spec.options}): {type(exc).__name__}: {first[:400]}"
-        ) from exc
+            f"(config {spec.constexprs | spec.options}): {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """One line saying why. A Triton CompilationError's text is "at L:C:" and the source
+    around the fault; the reason is the `error_message` somewhere down its cause chain."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("at "):
+        return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
+    why, inner = "", exc
+    while inner is not None and not why:
+        why = getattr(inner, "error_message", None) or ""
+        inner = inner.__cause__
+    return f"{type(exc).__name__} {lines[0]} {why or 'no reason given'}"[:500]
 
 
 def _facts(compiled: Any, target: Any, seconds: float) -> dict[str, Any]:

@@ -4,14 +4,15 @@ Triton compiles for `GPUTarget("cuda", 90, 32)` on the CPU; the compiled kernel'
 says how much shared memory it needs, so a CPU worker can reject a candidate that cannot
 launch on the target (out of resources) or does not compile, before a GPU sees it.
 
-The launch details (kernel function, argument dtypes, block sizes) come from the built
-graph's launch steps, which `compiler.runtime` does not publish yet: `launch_specs` reads
-them and raises `AotUnavailable` with a clear message if their shape ever changes.
+The launch details (kernel function, argument dtypes, block sizes, options) come from
+`compiler.Built.launches()`, the compiler's public description of a built graph's launches.
 """
 
 from __future__ import annotations
 
+import linecache
 import os
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,33 +54,23 @@ class LaunchSpec:
 
 
 def launch_specs(built: Any) -> list[LaunchSpec]:
-    """The Triton launches of a `compiler.Built`, with argument dtypes and block sizes."""
+    """The Triton launches of a `compiler.Built` (from `Built.launches()`), each with its
+    argument signature, block sizes and launch options."""
     from triton.runtime.jit import JITFunction
 
-    try:
-        nodes = list(built.program.gm.graph.nodes)
-        execs = list(built._execs)
-    except AttributeError as exc:
-        raise AotUnavailable(f"compiler.Built no longer exposes its launches ({exc})") from exc
-    from compiler.ir import meta
-
     specs = []
-    for step in execs:
-        launch = step if hasattr(step, "in_slots") else getattr(step, "epilogue", None)
-        if launch is None or not hasattr(launch, "fn"):
-            continue
+    for launch in built.launches():
         fn = launch.fn
         if not isinstance(fn, JITFunction):  # imported under TRITON_INTERPRET=1
-            fn = _compilable(built, getattr(step, "name", launch.name), launch.name)
-        dtypes = [meta(nodes[s]).dtype for s in launch.in_slots] + [o[3] for o in launch.outs]
+            fn = _compilable(built, launch.kernel, getattr(fn.fn, "__name__", launch.kernel))
+        dtypes = tuple(launch.arg_dtypes)
         signature = {
             name: "*" + _TL_DTYPES[d] for name, d in zip(fn.arg_names, dtypes, strict=False)
         }
         signature.update({k: "constexpr" for k in launch.constexprs})
-        kernel = getattr(step, "name", launch.name)
         specs.append(
             LaunchSpec(
-                kernel, fn, signature, dict(launch.constexprs), dict(launch.options), tuple(dtypes)
+                launch.kernel, fn, signature, dict(launch.constexprs), dict(launch.options), dtypes
             )
         )
     return specs
@@ -87,19 +78,28 @@ def launch_specs(built: Any) -> list[LaunchSpec]:
 
 def _compilable(built: Any, kernel: str, fn_name: str) -> Any:
     """The kernel's JIT function re-imported with the interpreter off (its @triton.jit
-    helpers too), from the file `compiler.build` wrote for this process's own source."""
-    import importlib.util
+    helpers too), from the source `compiler.build` generated in this process.
 
-    from compiler.runtime import kernel_dir
+    Nothing is read back from $KILN_KERNEL_DIR (anyone who can write there could change
+    the file): the source held by `built.kernels` is re-checked against its sha256, then
+    executed as a fresh module whose source `inspect` (hence Triton) finds in `linecache`.
+    """
+    from compiler.runtime import source_hash
 
-    digest = next(k.source_hash for k in built.kernels if k.name == kernel)
-    path = kernel_dir() / digest[:2] / f"kiln_{digest}.py"
+    found = next((k for k in built.kernels if k.name == kernel), None)
+    if found is None:
+        raise AotUnavailable(f"built graph has no kernel {kernel!r}")
+    if source_hash(found.source) != found.source_hash:
+        raise AotUnavailable(f"kernel {kernel}: source does not match its sha256")
+    digest = found.source_hash
+    filename = f"<kiln-aot kiln_{digest}.py>"
+    linecache.cache[filename] = (
+        len(found.source), None, found.source.splitlines(keepends=True), filename
+    )
+    module = types.ModuleType(f"kiln_aot_{digest}")
+    module.__file__ = filename
     with interpreter_off():
-        spec = importlib.util.spec_from_file_location(f"kiln_aot_{digest}", path)
-        if spec is None or spec.loader is None:
-            raise AotUnavailable(f"cannot import generated kernel {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        exec(compile(found.source, filename, "exec"), module.__dict__)  # noqa: S102 - hash-checked
     return getattr(module, fn_name)
 
 

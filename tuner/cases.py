@@ -1,7 +1,10 @@
-"""The BENCH.md suite: nine cases, each at its GPU shape and at a small shape for the CPU.
+"""The BENCH.md suite for `python -m tuner.bench`: nine cases, at the GPU shape or the tiny
+CPU shape.
 
-A case gives a module (or function), its example inputs, whether it trains (forward plus
-backward), and its roofline terms: bytes that must move once and FLOPs that must be done.
+The models and inputs are `compiler.benchcases`' (the one definition the compiler's
+coverage and GPU check use too); this module adds what only the benchmark needs: a kind
+label, whether a case trains (forward plus backward), and its roofline terms, the bytes
+that must move once and the FLOPs that must be done.
 """
 
 from __future__ import annotations
@@ -13,7 +16,23 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from compiler.benchcases import CASE_NAMES, case
+
+__all__ = ["CASE_NAMES", "Case", "make_case", "roofline_ms"]
+
+_KINDS = {
+    "seed_mlp": "tiny",
+    "seed_matmul": "tiny matmul",
+    "ln_gelu_residual": "reduction + pointwise",
+    "softmax_rows": "reduction",
+    "rmsnorm": "reduction",
+    "linear_gelu": "matmul + epilogue",
+    "cross_entropy": "reduction, int index",
+    "gpt_block": "whole block",
+    "gpt_block_train": "whole block",
+}
+_LAUNCH_BOUND = ("seed_mlp", "seed_matmul")
 
 
 @dataclass
@@ -38,152 +57,37 @@ class Case:
         return float(sum(t.numel() * t.element_size() for t in tensors))
 
 
-class SeedMLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(128, 256), nn.Linear(256, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class LNGeluResidual(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-
-    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.ln(x)) + r
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (
-            x
-            * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)
-            * self.weight
-        )
-
-
-class LinearGelu(nn.Module):
-    def __init__(self, k: int, n: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(k, n)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.fc(x))
-
-
-class GPTBlock(nn.Module):
-    """Pre-LN transformer block: causal SDPA attention and a 4x tanh-GELU MLP."""
-
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
-        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
-
-
-def _softmax_rows(x: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(x * 0.125, -1)
-
-
-def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y)
-
-
-def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a @ b
-
-
-CASE_NAMES = (
-    "seed_mlp",
-    "seed_matmul",
-    "ln_gelu_residual",
-    "softmax_rows",
-    "rmsnorm",
-    "linear_gelu",
-    "cross_entropy",
-    "gpt_block",
-    "gpt_block_train",
-)
+def _flops(name: str, inputs: list[torch.Tensor], module: nn.Module) -> float:
+    """FLOPs that must be done (0 where the case is memory- or launch-bound)."""
+    if name == "seed_mlp":
+        return 2.0 * inputs[0].shape[0] * (128 * 256 + 256 * 10)
+    if name == "seed_matmul":
+        return 2.0 * inputs[0].shape[0] ** 3
+    if name == "linear_gelu":
+        m, k = inputs[0].shape
+        return 2.0 * m * module.fc.out_features * k
+    if name.startswith("gpt_block"):
+        b, s, d = inputs[0].shape
+        flops = 24.0 * d * d * b * s + 2.0 * b * s * s * d  # linears + causal attention
+        return flops * 3 if name == "gpt_block_train" else flops
+    return 0.0
 
 
 def make_case(name: str, device: str, small: bool = False) -> Case:
-    """Build case `name` on `device`; `small` gives the interpreter-sized shapes."""
+    """Build case `name` on `device` (seeded); `small` gives the interpreter-sized shapes."""
+    if name not in CASE_NAMES:
+        raise ValueError(f"unknown case {name!r}; choose from {', '.join(CASE_NAMES)}")
     torch.manual_seed(0)
-    bf16 = torch.bfloat16
     dev = torch.device(device)
-
-    def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.randn(*shape, device=dev, dtype=dtype)
-
-    if name == "seed_mlp":
-        batch = 4 if small else 32
-        mod = SeedMLP().to(dev)
-        flops = 2 * batch * (128 * 256 + 256 * 10)
-        return Case(name, "tiny", mod, [randn(batch, 128)], flops=flops, launch_bound=True)
-    if name == "seed_matmul":
-        n = 16 if small else 128
-        return Case(
-            name,
-            "tiny matmul",
-            _matmul,
-            [randn(n, n), randn(n, n)],
-            flops=2 * n**3,
-            launch_bound=True,
-        )
-    if name == "ln_gelu_residual":
-        m, d = (16, 64) if small else (8192, 4096)
-        mod = LNGeluResidual(d).to(dev, bf16)
-        return Case(
-            name, "reduction + pointwise", mod, [randn(m, d, dtype=bf16), randn(m, d, dtype=bf16)]
-        )
-    if name == "softmax_rows":
-        m, n = (16, 128) if small else (16384, 2048)
-        return Case(name, "reduction", _softmax_rows, [randn(m, n)])
-    if name == "rmsnorm":
-        m, d = (16, 64) if small else (8192, 4096)
-        mod = RMSNorm(d).to(dev, bf16)
+    bench = case(name, "tiny" if small else "full", rms_fp32=True)
+    module, inputs = bench.make(dev)
+    if name == "rmsnorm":  # a weight of ones would hide a kernel that skips the multiply
         with torch.no_grad():
-            mod.weight.copy_(1 + 0.1 * torch.randn(d, device=dev))
-        return Case(name, "reduction", mod, [randn(m, d, dtype=bf16)])
-    if name == "linear_gelu":
-        m, k, n = (16, 32, 32) if small else (8192, 4096, 4096)
-        mod = LinearGelu(k, n).to(dev, bf16)
-        return Case(
-            name, "matmul + epilogue", mod, [randn(m, k, dtype=bf16)], flops=2.0 * m * n * k
-        )
-    if name == "cross_entropy":
-        m, v = (16, 100) if small else (8192, 32000)
-        y = torch.randint(0, v, (m,), device=dev)
-        return Case(name, "reduction, int index", _cross_entropy, [randn(m, v, dtype=bf16), y])
-    if name in ("gpt_block", "gpt_block_train"):
-        b, s, d, h = (1, 16, 32, 2) if small else (8, 1024, 1024, 16)
-        mod = GPTBlock(d, h).to(dev, bf16)
-        x = randn(b, s, d, dtype=bf16)
-        tokens = b * s
-        flops = 24.0 * d * d * tokens + 2.0 * b * s * s * d  # linears + causal attention
-        training = name == "gpt_block_train"
-        if training:
-            x.requires_grad_(True)
-            flops *= 3
-        return Case(name, "whole block", mod, [x], training=training, flops=flops)
-    raise ValueError(f"unknown case {name!r}; choose from {', '.join(CASE_NAMES)}")
+            module.weight.copy_(1 + 0.1 * torch.randn(module.weight.shape[0], device=dev))
+    if bench.train:
+        inputs[0].requires_grad_(True)
+    return Case(name, _KINDS[name], module, inputs, training=bench.train,
+                flops=_flops(name, inputs, module), launch_bound=name in _LAUNCH_BOUND)
 
 
 def roofline_ms(case: Case, copy_bytes_per_s: float, matmul_flops_per_s: float) -> float | None:

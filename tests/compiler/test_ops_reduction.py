@@ -156,7 +156,8 @@ def test_nan_propagates_through_max_min_argmax_argmin(variant: str, dtype: torch
 
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x.amax(-1), x.amin(-1, keepdim=True), x.argmax(-1), x.argmin(-1),
-                x.amax(0), x.argmax(0), torch.max(x), torch.min(x), x.argmax())
+                x.amax(0), x.argmax(0), torch.max(x), torch.min(x), x.argmax(),
+                *torch.max(x, 1), *torch.min(x, 0, keepdim=True))
 
     want = fn(x)
     assert want[0][1].isnan() and int(want[2][2]) == 3 and not want[0][0].isnan()

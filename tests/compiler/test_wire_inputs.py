@@ -88,3 +88,40 @@ def test_every_corpus_graph_gives_finite_outputs_on_random_inputs() -> None:
     # BatchNorm's running variance (eval) reaches sqrt through add(var, eps): drawn positive.
     bn = _graph("convnet.fwd")
     assert len(positive_inputs(bn)) == 2
+
+
+def test_layer_norm_rstd_is_drawn_positive_and_attention_stats_match_q_k_v() -> None:
+    graph = _graph("gpt_block.train_bwd")
+    by_name = {i.name: i for i in graph.inputs}
+    users = {n.op for n in graph.nodes if any(getattr(a, "name", None) == "n3" for a in n.args)}
+    assert users == {"aten.mul.Tensor"} and by_name["n3"].shape == (2, 8, 1)  # the saved rstd
+    for seed in range(3):
+        x = random_inputs(graph, seed=seed)
+        assert 0.5 <= float(x[3].min()) and float(x[3].max()) <= 2.0
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            x[6], x[7], x[8], 0.0, True)[:2]
+        assert torch.allclose(x[9], lse, atol=1e-5) and torch.allclose(x[10], out, atol=1e-5)
+    assert not torch.equal(random_inputs(graph, seed=0)[9], random_inputs(graph, seed=1)[9])
+
+
+def test_saved_log_probabilities_are_a_log_softmax() -> None:
+    graph = _graph("embedding_ce.train_bwd")
+    (saved,) = [i for i, m in enumerate(graph.inputs) if m.shape == (16, 50) and any(
+        n.op == "aten.alias.default" and n.args[0].name == m.name for n in graph.nodes)]
+    log_probs = random_inputs(graph, seed=3)[saved]
+    assert float(log_probs.max()) <= 0.0
+    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(16), atol=1e-5)
+
+
+def test_an_exp_subtrahend_is_the_logsumexp_of_its_minuend() -> None:
+    def fn(scores: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        return torch.exp(scores - lse) * grad
+
+    ins = [torch.randn(4, 6), torch.randn(4, 1), torch.randn(4, 6)]
+    gm = make_fx(fn, decomposition_table=decompositions())(*ins)
+    graph = from_wire(to_wire(gm, ins))
+    scores, lse, grad = random_inputs(graph, seed=1)
+    assert torch.allclose(lse, torch.logsumexp(scores, -1, keepdim=True), atol=1e-6)
+    assert torch.allclose(graph.to_fx()(scores, lse, grad)[0] / grad,
+                          torch.softmax(scores, -1), atol=1e-5)
+    assert float(grad.min()) < 0  # a full-size operand of a mul is not a statistic

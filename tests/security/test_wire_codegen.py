@@ -247,13 +247,6 @@ def test_build_rewrites_a_tampered_kernel_file_before_importing_it(
     assert path.read_text() == built.kernels[0].source
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "tuner/aot.py _compilable() re-imports kernel_dir()/<h[:2]>/kiln_<h>.py with "
-    "spec_from_file_location/exec_module without checking that the file's sha256 is still h: "
-    "anything that can write KILN_KERNEL_DIR (another local user of a shared cache dir) gets "
-    "code run in the CPU worker. It should read the file, compare sha256 with the kernel's "
-    "source_hash (or rewrite it from built.kernels[i].source, as compiler.runtime does) "
-    "before importing. Owner of tuner/ to fix."))
 def test_aot_does_not_import_a_tampered_kernel_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from compiler import runtime

@@ -65,6 +65,14 @@ def test_corpus_through_api_and_cpu_worker_processes(
         detail = httpx.get(f"{url}/v1/admin/entries/{keys[0]}",
                            headers={"Authorization": "Bearer admin-secret"}, timeout=10).json()
         assert detail["kernels"] and all(k["source"] for k in detail["kernels"])
+        assert all(k["compiled"] is None for k in detail["kernels"])  # keys[0]: the CPU target
+        # The CPU worker compiled the sm_90 build for sm_90 and kept what each compile gave.
+        gpu = httpx.get(f"{url}/v1/admin/entries/{keys[1]}",
+                        headers={"Authorization": "Bearer admin-secret"}, timeout=10).json()
+        assert gpu["target"]["arch"] == "sm_90" and gpu["kernels"]
+        for k in gpu["kernels"]:
+            facts = k["compiled"]
+            assert facts["arch"] == "sm_90" and facts["registers"] > 0 and facts["binary_bytes"] > 0
     finally:
         worker.stop(signal.SIGTERM)
         api.stop()

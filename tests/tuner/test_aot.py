@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 
+import pytest
 import torch
 
 from tuner.builder import precompile
@@ -69,3 +70,31 @@ def test_precompile_reports_each_candidate() -> None:
     verdicts = precompile(graph.to_json(), schedule, target, [good, bad], workers=1)
     assert verdicts[good] is None
     assert verdicts[bad].startswith("build_error")
+
+
+def test_interpreted_kernels_are_reimported_from_the_built_source_not_the_kernel_dir(
+    tmp_path, monkeypatch
+) -> None:
+    """Under TRITON_INTERPRET=1 the launch's function is interpreted: `launch_specs` gives a
+    JIT function made from `built.kernels[i].source`, never from the (writable) kernel dir."""
+    import compiler
+    from compiler import runtime
+    from tuner.aot import AotUnavailable, _compilable, launch_specs
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KILN_KERNEL_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(runtime, "_MODULES", {})
+    graph = _softmax_graph()
+    built = compiler.build(graph)
+    kernel = built.kernels[0]
+    for path in (tmp_path / "k").rglob("kiln_*.py"):
+        path.write_text("raise SystemExit('the kernel dir was read')\n")
+    specs = launch_specs(built)
+    assert [s.kernel for s in specs] == [kernel.name]
+    assert type(specs[0].fn).__name__ == "JITFunction"
+    assert specs[0].signature == {"in_ptr0": "*fp32", "out_ptr0": "*fp32",
+                                  **{k: "constexpr" for k in specs[0].constexprs}}
+    assert "def " + kernel.name in specs[0].fn.src
+    object.__setattr__(kernel, "source", kernel.source + "\n# changed\n")
+    with pytest.raises(AotUnavailable, match="sha256"):
+        _compilable(built, kernel.name, kernel.name)

@@ -1,0 +1,163 @@
+"""The CPU worker compiles every kernel of a CUDA target's heuristic build for the target's
+architecture (no GPU here), stores what the compile gave, and fails a job whose kernel does
+not compile or does not fit, at once and with a clear error."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+import torch
+
+import compiler
+from service import pipeline, store
+from service.context import ServiceContext
+from service.intake import parse_submission
+from service.queue import BUILD_STREAM
+from service.target_compile import TargetCompileError, _compile, compile_schedule
+from service.worker import Worker
+from tests.compiler.oputil import rand, trace
+from tests.service.helpers import gpu_target, wait_for, wire_body
+
+SM_90 = compiler.Target.named("sm_90", name="NVIDIA H200")
+# fp32 tiles of 16x512 and 512x128 in 3 stages: more shared memory than an H200 block has.
+TOO_BIG = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 512, "num_warps": 8, "num_stages": 3}
+
+
+def _assert_facts(facts: dict[str, Any], arch: str) -> None:
+    assert facts["arch"] == arch
+    assert 0 < facts["registers"] <= 255 and facts["spills"] >= 0 and facts["local_bytes"] >= 0
+    assert facts["binary_bytes"] > 1000 and facts["shared_bytes"] >= 0
+    assert facts["num_warps"] in (1, 2, 4, 8, 16, 32) and facts["compile_s"] >= 0
+
+
+def test_heuristic_build_for_sm_90_compiles_every_kernel() -> None:
+    body = wire_body("gpt_block.fwd", gpu_target())
+    outcome = pipeline.build_heuristic(json.dumps(body["graph"]), body["target"], 0)
+    kinds = {k["kind"] for k in outcome.kernels}
+    assert {"matmul", "reduction"} <= kinds, kinds
+    for k in outcome.kernels:
+        _assert_facts(k["compiled"], "sm_90")
+        assert k["compiled"]["num_warps"] == k["config"]["num_warps"]
+    matmul = next(k for k in outcome.kernels if k["kind"] == "matmul")
+    assert matmul["compiled"]["shared_bytes"] > 0  # the template stages tiles in shared memory
+    assert "compiled for sm_90" in outcome.note
+
+
+def test_cpu_target_build_has_no_compile_facts() -> None:
+    body = wire_body("mlp.fwd")
+    outcome = pipeline.build_heuristic(json.dumps(body["graph"]), body["target"], 0)
+    assert outcome.kernels and all(k["compiled"] is None for k in outcome.kernels)
+
+
+@pytest.mark.parametrize("variant", ["looped", "persistent", "online"])
+def test_nan_aware_reduction_variants_compile_for_sm_90(variant: str) -> None:
+    # amax/argmax/softmax kernels with NaN handling in each variant, through ptxas.
+    x = rand((6, 300), seed=1)
+    wire = compiler.to_wire(trace(lambda x: (torch.softmax(x, -1), x.argmax(-1), x.amin(-1)), x), [x])
+    graph = compiler.from_wire(wire)
+    base = compiler.heuristic_schedule(graph, SM_90)
+    kernels = tuple(
+        dataclasses.replace(k, variant=variant, config=dict(
+            k.config, XBLOCK=2, RBLOCK=512 if variant == "persistent" else 64))
+        if k.kind == "reduction" else k for k in base.kernels)
+    built = compiler.build(graph, dataclasses.replace(base, kernels=kernels))
+    facts = compile_schedule(json.dumps(wire), built.schedule.to_json())
+    assert set(facts) == {k.name for k in built.kernels}
+    for f in facts.values():
+        _assert_facts(f, "sm_90")
+
+
+def _too_big() -> tuple[str, dict[str, Any]]:
+    """mlp.fwd's wire and a schedule whose matmul needs more shared memory than sm_90 has."""
+    body = wire_body("mlp.fwd", gpu_target())
+    graph = compiler.from_wire(body["graph"])
+    schedule = compiler.heuristic_schedule(graph, SM_90)
+    matmul = next(k for k in schedule.kernels if k.kind == "matmul")
+    schedule = schedule.with_kernel(matmul.name, config=dict(matmul.config, **TOO_BIG))
+    return json.dumps(body["graph"]), compiler.build(graph, schedule).schedule.to_json()
+
+
+def test_a_kernel_that_does_not_fit_the_target_is_a_clear_error() -> None:
+    with pytest.raises(TargetCompileError, match=r"kernel fused_addmm_relu_0 does not fit sm_90: "
+                       r"out_of_resources: .* needs \d+ B shared memory, the target allows 232448"):
+        compile_schedule(*_too_big())
+
+
+def test_a_kernel_that_does_not_compile_is_a_clear_error() -> None:
+    from tuner import aot
+
+    body = wire_body("mlp.fwd", gpu_target())
+    graph = compiler.from_wire(body["graph"])
+    spec = aot.launch_specs(compiler.build(graph, compiler.heuristic_schedule(graph, SM_90)))[0]
+    # A launch whose block sizes went missing: Triton cannot trace the kernel.
+    with pytest.raises(TargetCompileError, match=r"kernel fused_addmm_relu_0 does not compile for "
+                       r"sm_90 \(config .*\): CompilationError at \d+:\d+: \S"):
+        _compile(dataclasses.replace(spec, constexprs={}), SM_90)
+
+
+def _submit(ctx: ServiceContext, body: dict[str, Any]) -> tuple[str, int]:
+    sub, _graph = parse_submission(json.dumps(body).encode())
+    with ctx.transaction() as session:
+        _entry, job, _ = store.submit(session, sub)
+    ctx.queue.enqueue(BUILD_STREAM, job.id)
+    return sub.key, job.id
+
+
+def _job(ctx: ServiceContext, job_id: int) -> dict:
+    with ctx.transaction() as session:
+        return store.job_dict(session, session.get(store.JobRow, job_id))
+
+
+def _run_worker(ctx: ServiceContext, job_id: int, status: str, **kw: Any) -> None:
+    worker = Worker(ctx, block_s=0.2, **kw)
+    worker.start_thread()
+    try:
+        wait_for(lambda: _job(ctx, job_id)["status"] == status, 120)
+    finally:
+        worker.stop()
+        worker.join(30)
+
+
+@pytest.mark.services
+def test_cpu_worker_stores_compile_facts_of_an_sm_90_schedule(pg_ctx: ServiceContext) -> None:
+    from service.admin_queries import entry_detail
+
+    key, job_id = _submit(pg_ctx, wire_body("mlp.train_bwd", gpu_target()))
+    _run_worker(pg_ctx, job_id, "done")
+    with pg_ctx.transaction() as session:
+        detail = entry_detail(session, key)
+    assert detail["status"] == "heuristic" and detail["kernels"]
+    for k in detail["kernels"]:
+        _assert_facts(k["compiled"], "sm_90")
+    assert "compiled for sm_90" in detail["jobs"][0]["history"][-1]["message"]
+    # The dashboard's entry page shows them beside each kernel.
+    from service.dashboard import views
+    from service.dashboard.routes import templates
+
+    page = templates.env.get_template("entry.html").render(
+        **views.entry_context(detail), csrf="t", logged_in=True)
+    facts = detail["kernels"][0]["compiled"]
+    assert page.count("<dt>compiled for sm_90</dt>") == len(detail["kernels"])
+    assert f"{facts['registers']} registers/thread" in page
+
+
+@pytest.mark.services
+def test_a_job_whose_kernel_does_not_fit_fails_at_once(pg_ctx: ServiceContext) -> None:
+    calls = []
+
+    def build(_wire: str, _target: dict, _numel: int) -> pipeline.Outcome:
+        calls.append(1)
+        compile_schedule(*_too_big())
+        raise AssertionError("the oversized kernel compiled")
+
+    key, job_id = _submit(pg_ctx, wire_body("mlp.fwd", gpu_target()))
+    _run_worker(pg_ctx, job_id, "failed", build=build)
+    job = _job(pg_ctx, job_id)
+    assert len(calls) == job["attempts"] == 1  # retrying cannot help
+    assert job["error"].startswith("failed once; last error: TargetCompileError: kernel "
+                                   "fused_addmm_relu_0 does not fit sm_90: out_of_resources")
+    with pg_ctx.transaction() as session:
+        assert store.schedule_by_key(session, key).status == "failed"
