@@ -61,6 +61,10 @@ def literal(value: object, dtype: torch.dtype) -> str:
         text = repr(v)
         return f"({text})" if v < 0 else text
     v = int(value)  # type: ignore[arg-type]
+    info = torch.iinfo(dtype)
+    if not info.min <= v <= info.max:
+        # Eager refuses such a fill too; as an ATen call the graph gets eager's error.
+        raise Unsupported(f"an integer constant does not fit {dtype}")
     return f"({v})" if v < 0 else str(v)
 
 

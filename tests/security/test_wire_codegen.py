@@ -187,12 +187,6 @@ def test_bare_nan_and_repeated_keys_in_graph_text_are_refused() -> None:
         compiler.from_wire(text)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "compiler/codegen/common.py literal() writes int(value) for any scalar into Triton source "
-    "without checking the kernel dtype's range: full([4], 2**40 or 1e300, dtype=int32) passes "
-    "from_wire (meta tensors do not check fill values), then build() emits the 13- or "
-    "301-digit literal and the kernel fails at launch with an OverflowError instead of the "
-    "node becoming an ATen call (or a clear ValueError). Owner of compiler/codegen to fix."))
 @pytest.mark.parametrize("value", [2**40, 1e300])
 def test_out_of_range_fill_value_never_reaches_triton_source(
         value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
