@@ -66,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         # Each process builds its app from the environment: hand it what this one decided.
         os.environ.update(KILN_ADMIN_TOKEN=settings.admin_token, KILN_HOST=settings.host,
-                          KILN_PORT=str(settings.port))
+                          KILN_PORT=str(settings.port), KILN_LOG_LEVEL=args.log_level)
         uvicorn.run("service.api.app:app_from_env", factory=True, workers=args.workers,
                     host=settings.host, port=settings.port, log_level=args.log_level,
                     access_log=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -99,5 +100,9 @@ def _mount_dashboard(app: FastAPI) -> None:
 
 def app_from_env() -> FastAPI:
     """The API from `KILN_*` variables alone: the factory each process of
-    `kiln serve --workers N` calls."""
+    `kiln serve --workers N` calls. Each such process configures its own logging (the
+    parent's handlers do not reach it), from KILN_LOG_LEVEL and KILN_LOG_FORMAT."""
+    from service import logs
+
+    logs.configure(os.environ.get("KILN_LOG_LEVEL", "info"))
     return create_app(Settings.from_env())
