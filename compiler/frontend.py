@@ -28,12 +28,10 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
     if isinstance(graph, fx.GraphModule):
         if example_inputs is None:
             raise ValueError("an fx GraphModule needs example_inputs (tensors or metas)")
-        gm, metas = graph, list(example_inputs)
-        ghash = _fx_hash(gm, metas)
+        ghash = _fx_hash(graph, list(example_inputs))
     elif hasattr(graph, "to_fx") and hasattr(graph, "inputs"):
         from compiler.keys import graph_hash
 
-        gm, metas = graph.to_fx(), list(graph.inputs)
         ghash = graph_hash(graph)
     else:
         raise TypeError(f"expected compiler.Graph or torch.fx.GraphModule, got {type(graph).__name__}")
@@ -41,6 +39,11 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
         if ghash in _CACHE:
             _CACHE.move_to_end(ghash)
             return _CACHE[ghash], ghash
+    # Only a miss rebuilds the fx graph: the tuner builds one graph once per candidate.
+    if isinstance(graph, fx.GraphModule):
+        gm, metas = graph, list(example_inputs)
+    else:
+        gm, metas = graph.to_fx(), list(graph.inputs)
     program = lower_fx(gm, metas)
     with _LOCK:
         _CACHE[ghash] = program

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 from torch import fx
@@ -23,7 +24,6 @@ from compiler.codegen.common import TL_DTYPES, Writer
 from compiler.codegen.reduction import reduction_info
 from compiler.ir import Domain, ExternStep, KernelGroup, Step, TensorMeta, ViewStep, meta
 
-LAZY = ("pointwise", "view", "index")
 DEFAULT_VARIANT = {"pointwise": "pointwise", "reduction": "looped", "matmul": "triton"}
 
 
@@ -179,29 +179,31 @@ class _Planner:
 
     def trial(self, group: KernelGroup, node: fx.Node, kind: str, shape: tuple,
               deps: frozenset[fx.Node]) -> KernelGroup | None:
+        # Full-size values join only reductions whose domain is `inner`: a column reduction
+        # (leading dims) has few programs, and full-size work in it would lack parallelism.
         dom = group.domain
         if kind == "reduction":
             info = reduction_info(node)
             if group.kind == "reduction" and dom == info.domain:
                 new_kind, new_dom = "reduction", dom
             elif (group.kind == "pointwise" and dom.shape == info.domain.shape
-                  and _inner(info.domain)):
+                  and info.domain.inner):
                 new_kind, new_dom = "reduction", info.domain
             else:
                 return None
         elif group.kind == "matmul":
-            if _numel(shape) != _numel(dom.shape) or group.anchors[0] not in deps:
+            if math.prod(shape) != math.prod(dom.shape) or group.anchors[0] not in deps:
                 return None
             new_kind, new_dom = "matmul", dom
         elif group.kind == "reduction":
             keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(dom.shape))
             drop = tuple(s for d, s in enumerate(dom.shape) if d not in dom.rdims)
-            rows = (keep, drop) if not _inner(dom) else (dom.shape, keep, drop)
+            rows = (keep, drop) if not dom.inner else (dom.shape, keep, drop)
             if shape not in rows:
                 return None
             new_kind, new_dom = "reduction", dom
         else:
-            if _numel(shape) != _numel(dom.shape):
+            if math.prod(shape) != math.prod(dom.shape):
                 return None
             new_kind, new_dom = "pointwise", dom
         anchors = group.anchors + ([node] if kind == "reduction" else [])
@@ -238,18 +240,3 @@ class _Planner:
                     found.add(arg)
                     todo.append(arg)
         return [n for n in self.nodes if n in found]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _inner(dom: Domain) -> bool:
-    """Reduced dims are the trailing ones: each program reduces whole rows. Full-size
-    outputs join only such kernels; a column reduction (leading dims) has few programs,
-    and full-size work in it would run with too little parallelism."""
-    n = len(dom.shape)
-    return dom.rdims == tuple(range(n - len(dom.rdims), n))

@@ -42,9 +42,8 @@ def reduction_choice(group: KernelGroup, gpu: bool) -> tuple[str, dict[str, int]
     dom = group.domain
     x, r = dom.xnumel, dom.rnumel
     rblock_full = next_pow2(r)
-    inner = dom.rdims == tuple(range(len(dom.shape) - len(dom.rdims), len(dom.shape)))
     elem_bytes = max(group.dtype.itemsize, 4)
-    if not inner and r > 1:
+    if not dom.inner and r > 1:
         # reduced dims are outer: neighbouring x are contiguous, so give x the wide side
         # enough programs to fill the GPU: about x / 128 columns each, 16 to 64
         xblock = min(next_pow2(x), max(16, min(64, next_pow2(x) // 128)))
@@ -104,9 +103,14 @@ def schedule_for(program: Program, ghash: str, target: Any) -> Schedule:
             name=group.name, kind=group.kind, variant=variant,
             nodes=tuple(program.origin_names(group.members + group.inlined)),
             sizes=group.sizes, dtype=str(group.dtype).removeprefix("torch."), config=config))
-    externs = sorted({op_name(s.node) for s in program.steps
-                      if isinstance(s, ExternStep) and op_name(s.node) != "operator.getitem"})
-    return Schedule(graph_hash=ghash, target=tj, kernels=tuple(kernels), externs=tuple(externs))
+    return Schedule(graph_hash=ghash, target=tj, kernels=tuple(kernels),
+                    externs=tuple(sorted(extern_ops(program))))
+
+
+def extern_ops(program: Program) -> set[str]:
+    """Op names of the program's ATen calls (tuple indexing is not a call)."""
+    return {op_name(s.node) for s in program.steps
+            if isinstance(s, ExternStep) and op_name(s.node) != "operator.getitem"}
 
 
 def heuristic_schedule(graph: Any, target: Any = None,

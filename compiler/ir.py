@@ -11,6 +11,7 @@ padding inside kernels are index arithmetic in code generation, never copies.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -35,10 +36,7 @@ class TensorMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @staticmethod
     def of(value: object) -> TensorMeta:
@@ -82,17 +80,17 @@ class Domain:
 
     @property
     def xnumel(self) -> int:
-        n = 1
-        for d in self.kept:
-            n *= self.shape[d]
-        return n
+        return math.prod(self.shape[d] for d in self.kept)
 
     @property
     def rnumel(self) -> int:
-        n = 1
-        for d in self.rdims:
-            n *= self.shape[d]
-        return n
+        return math.prod(self.shape[d] for d in self.rdims)
+
+    @property
+    def inner(self) -> bool:
+        """The reduced dims are the trailing ones: each program reduces whole rows."""
+        n = len(self.shape)
+        return self.rdims == tuple(range(n - len(self.rdims), n))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from compiler import cudagraphs
 from compiler.codegen import NotFusible, Unsupported, generate_kernel
 from compiler.execution import Args, AtenMatmul, Call, Const, KernelCall, Launch
 from compiler.frontend import lower_graph
-from compiler.heuristics import _is_gpu, pointwise_config, schedule_for
+from compiler.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta
 from compiler.ops import op_name
 from compiler.schedule import Schedule, ScheduleMismatch, validate_config
@@ -114,9 +114,7 @@ class Built:
         self.program = program
         self.schedule = schedule
         self.kernels = kernels
-        self.fallback_ops = sorted({op_name(s.node) for s in program.steps
-                                    if isinstance(s, ExternStep)
-                                    and op_name(s.node) != "operator.getitem"}
+        self.fallback_ops = sorted(extern_ops(program)
                                    | {op_name(k.anchors[0]) for k, c in
                                       zip(program.kernels, schedule.kernels, strict=False) if c.variant == "aten"})
         self._execs = execs
@@ -207,13 +205,10 @@ class Built:
         compile needs (the tuner compiles candidates for a GPU target on a CPU worker)."""
         nodes = list(self.program.gm.graph.nodes)
         found = []
-        for step in self._execs:
-            launch = step.epilogue if isinstance(step, AtenMatmul) else step
-            if not isinstance(launch, Launch):
-                continue
+        for launch in self._launches():
             dtypes = tuple(meta(nodes[s]).dtype for s in launch.in_slots) + tuple(
                 o[3] for o in launch.outs)
-            found.append(LaunchInfo(step.name, launch.fn, dtypes, dict(launch.constexprs),
+            found.append(LaunchInfo(launch.name, launch.fn, dtypes, dict(launch.constexprs),
                                     dict(launch.options), launch.grid))
         return found
 

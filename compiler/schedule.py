@@ -6,7 +6,7 @@ and `config`; the groups (`nodes`) come from the graph alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compiler.ir import KINDS, VARIANTS
@@ -134,7 +134,6 @@ class Schedule:
     kernels: tuple[KernelChoice, ...]
     externs: tuple[str, ...] = ()
     status: str = "heuristic"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "graph_hash": self.graph_hash, "target": dict(self.target),
@@ -170,12 +169,6 @@ class Schedule:
         return Schedule(graph_hash=_str(d.get("graph_hash"), "graph_hash"), target=target,
                         kernels=tuple(KernelChoice.from_json(k) for k in kernels),
                         externs=tuple(externs), status=status)
-
-    def kernel(self, name: str) -> KernelChoice:
-        for k in self.kernels:
-            if k.name == name:
-                return k
-        raise KeyError(name)
 
     def with_kernel(self, name: str, **changes: Any) -> Schedule:
         """A copy with one kernel's fields replaced (e.g. variant, config, source_hash)."""

@@ -55,11 +55,8 @@ def _snapshot(value: Any) -> Any:
     return value
 
 
-def _as_module(module_or_fn: nn.Module | Callable[..., Any]) -> nn.Module:
-    return _TupleOutputs(module_or_fn)
-
-
-def _flat_tensors(out: Any) -> list[torch.Tensor]:
+def flat_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors among the leaves of a (nested) output, in order."""
     leaves, _ = torch.utils._pytree.tree_flatten(out)
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
@@ -77,7 +74,7 @@ def trace_inference(
     # AOTAutograd picks inference vs training when it traces, so no_grad covers both steps.
     with torch.no_grad():
         compiled = aot_module_simplified(
-            _as_module(module_or_fn),
+            _TupleOutputs(module_or_fn),
             list(example_inputs),
             fw_compiler=capture,
             decompositions=decompositions(),
@@ -100,7 +97,7 @@ def trace_training(
     """
     fwd, bwd = _Capture(), _Capture()
     with torch.enable_grad():
-        wrapped = _as_module(module)
+        wrapped = _TupleOutputs(module)
         compiled = aot_module_simplified(
             wrapped,
             list(example_inputs),
@@ -108,7 +105,7 @@ def trace_training(
             bw_compiler=bwd,
             decompositions=decompositions(),
         )
-        outputs = [t for t in _flat_tensors(compiled(*example_inputs)) if t.requires_grad]
+        outputs = [t for t in flat_tensors(compiled(*example_inputs)) if t.requires_grad]
         if not outputs:
             raise ValueError("no output requires grad: nothing to train")
         # autograd.grad rather than backward: the module's .grad fields stay untouched.

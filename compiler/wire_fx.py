@@ -23,14 +23,6 @@ _META = torch.device("meta")
 _SPLIT_OPS = frozenset({"aten.split.Tensor", "aten.unsafe_split.Tensor", "aten.split_copy.Tensor"})
 
 
-def _replace_devices(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.device):
-        return device
-    if isinstance(value, list):
-        return [_replace_devices(v, device) for v in value]
-    return value
-
-
 def build_fx(spec: GraphSpec, device: str | torch.device | None = None) -> fx.GraphModule:
     """An fx GraphModule computing `spec`; placeholders in input order, tuple output.
 

@@ -1,7 +1,7 @@
 """HTTP client to the kiln service (standard library only: a training node stays light).
 
 Every request is bounded: a connect timeout, a per-request deadline (a server that trickles
-bytes is cut off too), and a few retries with backoff for connection errors and 5xx/429,
+bytes is cut off too), and a few retries with backoff for connection errors, 429 and 502-504,
 never past the deadline. Every failure is a `ServiceError` whose `cause` is one of
 `degrade.CAUSES`, so the backend can warn once per cause. Answers are validated before
 anything uses them: a malformed answer is an error, never a crash later.

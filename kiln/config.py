@@ -42,7 +42,7 @@ class Config:
     wait_timeout: float = 120.0  # wait mode: longest block for the tuned schedule per graph
     poll_interval: float = 0.5  # seconds between two polls of a pending schedule
     poll_for: float = 3600.0  # background poller gives up on a graph after this long
-    retries: int = 2  # extra attempts for a failed request (connection error, 5xx)
+    retries: int = 2  # extra attempts for a failed request (connection error, 429, 502-504)
     tag: str | None = None  # optional model tag sent with each graph (dashboard)
     cache: bool = True  # use the local disk cache
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from service import store
 from service.db import make_engine, make_sessionmaker, transaction
 from service.models import JobRow, ScheduleRow, WorkerRow, utcnow
-from service.queue import BUILD_STREAM, JobQueue, QueueUnavailable, make_queue, tune_stream
+from service.queue import JobQueue, QueueUnavailable, make_queue
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,6 @@ class ServiceContext:
         with transaction(self.sessions) as session:
             yield session
 
-    def stream_for(self, job: JobRow, queue_class: str) -> str:
-        """The stream a job waits on for its stage."""
-        return BUILD_STREAM if job.stage == "build" else tune_stream(queue_class)
-
     def enqueue_job(self, job_id: int) -> None:
         """Put a job id on the stream of its current stage (after its row is committed)."""
         with self.transaction() as session:
@@ -60,8 +56,7 @@ class ServiceContext:
                 select(JobRow.stage, ScheduleRow.queue_class)
                 .join(ScheduleRow, ScheduleRow.key == JobRow.key).where(JobRow.id == job_id)
             ).one()
-        self.queue.enqueue(BUILD_STREAM if row.stage == "build" else tune_stream(row.queue_class),
-                           job_id)
+        self.queue.enqueue(store.stream_name(row.stage, row.queue_class), job_id)
 
     def recover(self, stale_after_s: float | None = None) -> int:
         """Enqueue again what the queue may have lost: every unfinished job when the queue
@@ -89,8 +84,7 @@ class ServiceContext:
                                                      JobRow.status == "queued")
                                 .values(updated_at=now))
         for row in rows:
-            stream = BUILD_STREAM if row.stage == "build" else tune_stream(row.queue_class)
-            self.queue.enqueue(stream, row.id)
+            self.queue.enqueue(store.stream_name(row.stage, row.queue_class), row.id)
         if rows:
             log.info("re-enqueued %d job(s)%s", len(rows), " after the queue lost its state" if lost else "")
         return len(rows)

@@ -168,10 +168,7 @@ def _tune_loaded(
     import compiler
 
     runner.load(graph_json, base, seed)
-    starts = [
-        Candidate.make(k["name"], k["variant"], {} if k["variant"] == "aten" else k["config"])
-        for k in base["kernels"]
-    ]
+    starts = [Candidate.of_kernel(k) for k in base["kernels"]]
     if hasattr(runner, "prepare"):
         runner.prepare(starts)  # compile every kernel's heuristic point at once, in parallel
     errors: list[str] = []

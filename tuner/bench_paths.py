@@ -21,20 +21,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def flat(out: Any) -> list[Any]:
-    import torch
-
-    leaves, _ = torch.utils._pytree.tree_flatten(out)
-    return [x for x in leaves if isinstance(x, torch.Tensor)]
-
-
 def step(fn: Callable[..., Any], case: Any) -> list[Any]:
     """One call of the case through `fn`; a training case also runs backward (ones grads)."""
     import torch
 
+    from compiler.tracing import flat_tensors
+
     if not case.training:
         with torch.no_grad():
-            return flat(fn(*case.inputs))
+            return flat_tensors(fn(*case.inputs))
     params = list(case.module.parameters())
     leaves = [*case.inputs, *params]
     for t in leaves:
@@ -44,17 +39,12 @@ def step(fn: Callable[..., Any], case: Any) -> list[Any]:
     return [out.detach(), *[t.grad for t in leaves if t.requires_grad]]
 
 
-def _check_against(outputs: list[Any], reference: list[Any]) -> str | None:
-    from tuner.verify import check_outputs
-
-    return check_outputs(outputs, reference)
-
-
 def compiled_path(case: Any, mode: str | None, device: str, reference: list[Any]) -> dict:
     """torch.compile (Inductor) path: cold first call, correctness, steady-state time."""
     import torch
 
     from tuner.timing import time_fn
+    from tuner.verify import check_outputs
 
     torch._dynamo.reset()
     start = time.perf_counter()
@@ -62,7 +52,7 @@ def compiled_path(case: Any, mode: str | None, device: str, reference: list[Any]
     out = step(compiled, case)
     sync(device)
     first = time.perf_counter() - start
-    error = _check_against(out, reference)
+    error = check_outputs(out, reference)
     if error:
         return {"ms": None, "first_call_s": first, "error": f"wrong_answer: {error}"}
     timing = time_fn(lambda: step(compiled, case), device)

@@ -59,7 +59,7 @@ def _compile_one(
     runner reads), ahead-of-time for the target elsewhere. An error string or None."""
     import compiler
     from tuner.aot import compile_kernel, warm_kernel
-    from tuner.session import TrialSession, classify
+    from tuner.session import classify, schedule_with
     from tuner.space import limits_for
 
     if key not in _graphs:
@@ -67,11 +67,9 @@ def _compile_one(
         _graphs[key] = (compiler.from_wire(loaded[0]), loaded[1])
     graph, base = _graphs[key]
     cand = Candidate.from_json(cand_json)
-    session = TrialSession(device)
-    session.base = base
     target = compiler.Target.from_json(target_json)
     try:
-        built = compiler.build(graph, compiler.Schedule.from_json(session._schedule_with(cand)))
+        built = compiler.build(graph, compiler.Schedule.from_json(schedule_with(base, cand)))
     except Exception as exc:
         return {"error": classify(exc, "build")}
     try:
@@ -101,9 +99,8 @@ def default_workers(device: str) -> int:
 class Builder:
     """A pool of spawned compile workers for one graph on one device."""
 
-    def __init__(self, device: str, workers: int | None = None, target: Any = None) -> None:
+    def __init__(self, device: str, workers: int | None = None) -> None:
         self.device = device
-        self.target = target
         self.workers = default_workers(device) if workers is None else workers
         self._pool: ProcessPoolExecutor | None = None
         self._loaded: tuple[dict, dict, int] | None = None

@@ -112,7 +112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("model", help="model.py | pkg.module | pkg.module:factory (" + USAGE_HINT + ")")
     p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
     p.add_argument("--train", action="store_true", help="tune the backward graph too")
-    p.add_argument("--trials", type=int, default=None, help="trial budget per graph")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trial budget per graph (default: 50, unbounded with --seconds)")
     p.add_argument("--seconds", type=float, default=None, help="time budget per graph")
     p.add_argument("--strategy", default="auto", help="auto | exhaustive | coordinate | halving")
     p.add_argument("--json", dest="json_out", default=None, help="write every result to this file")

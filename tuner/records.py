@@ -51,6 +51,13 @@ class Candidate:
         """Build a candidate from a config dict (stored sorted, so equal configs compare equal)."""
         return cls(kernel, variant, tuple(sorted(config.items())))
 
+    @classmethod
+    def of_kernel(cls, kernel: dict[str, Any]) -> Candidate:
+        """A schedule kernel's own point (`Schedule.to_json()["kernels"]` entry); an `aten`
+        matmul's config does not apply, so its candidate has none."""
+        config = {} if kernel["variant"] == "aten" else dict(kernel.get("config", {}))
+        return cls.make(kernel["name"], kernel["variant"], config)
+
     @property
     def config(self) -> dict[str, Any]:
         return dict(self.config_items)

@@ -105,7 +105,6 @@ class Runner:
         self._conn: Connection | None = None
         self._loaded: dict[str, Any] | None = None
         self.restarts = 0
-        self.scopes: dict[str, str] = {}  # kernel -> "kernel" | "graph" timing scope
 
     # -- process management -----------------------------------------------------------------
     def _start(self) -> None:
@@ -164,7 +163,7 @@ class Runner:
                 raise ChildDied(records.TIMEOUT, f"no answer within {timeout:g} s; child killed")
             reply = json.loads(self._conn.recv_bytes())
         except (EOFError, OSError, BrokenPipeError) as exc:
-            code = self._proc.exitcode if self._proc is not None else None
+            code = None
             if self._proc is not None:
                 self._proc.join(timeout=5)
                 code = self._proc.exitcode
@@ -187,7 +186,6 @@ class Runner:
             "seed": seed,
         }
         self.builder.load(graph_json, schedule_json, seed)
-        self.scopes.clear()
         if self._proc is not None:
             reply = self._call(self._loaded, LOAD_TIMEOUT_S)
         else:
@@ -212,7 +210,7 @@ class Runner:
                 "verb": "measure",
                 "candidate": cand.to_json(),
                 "fidelity": fidelity,
-                "scope": self.scopes.get(cand.kernel, "kernel"),
+                "scope": "kernel",  # the child falls back to the whole graph by itself
             }
             started = time.monotonic()
             try:

@@ -128,7 +128,8 @@ class KernelSearch:
             space = sorted([*space, start], key=Candidate.order_key)
         self.space, self.start, self.measurer = space, start, measurer
         # Extra starting points (the Triton config of a matmul whose heuristic is ATen).
-        self.seeds = [c for c in (seeds or []) if c in set(space)]
+        members = set(space)
+        self.seeds = [c for c in (seeds or []) if c in members]
         self.clock, self.share, self.seconds = clock, share, seconds
         self._started = clock.elapsed()
         self.measurements: list[Measurement] = []

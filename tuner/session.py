@@ -86,7 +86,7 @@ class TrialSession:
         built = self._builds.get(key)
         if built is None:
             try:
-                built = self._build(self._schedule_with(cand))
+                built = self._build(schedule_with(self.base, cand))
             except Exception as exc:  # every build failure is a recorded result
                 out["error"] = classify(exc, "build")
                 return out
@@ -146,16 +146,6 @@ class TrialSession:
         return reply
 
     # -- helpers ----------------------------------------------------------------------------
-    def _schedule_with(self, cand: records.Candidate) -> dict[str, Any]:
-        sched = copy.deepcopy(self.base)
-        for kernel in sched["kernels"]:
-            if kernel["name"] == cand.kernel:
-                kernel["variant"] = cand.variant
-                kernel["config"] = cand.config if cand.variant != "aten" else kernel["config"]
-                kernel["source_hash"] = None
-                return sched
-        raise KeyError(f"kernel {cand.kernel!r} is not in the schedule")
-
     def _build(self, schedule_json: dict[str, Any]) -> Any:
         import compiler
 
@@ -187,6 +177,19 @@ class TrialSession:
                 built(*ref.inputs)
 
         return time_fn(whole, self.device, fidelity), "graph"
+
+
+def schedule_with(base: dict[str, Any], cand: records.Candidate) -> dict[str, Any]:
+    """A copy of schedule JSON `base` with the candidate's kernel set to its variant and
+    config (an `aten` matmul keeps its config) and that kernel's source hash cleared."""
+    sched = copy.deepcopy(base)
+    for kernel in sched["kernels"]:
+        if kernel["name"] == cand.kernel:
+            kernel["variant"] = cand.variant
+            kernel["config"] = cand.config if cand.variant != "aten" else kernel["config"]
+            kernel["source_hash"] = None
+            return sched
+    raise KeyError(f"kernel {cand.kernel!r} is not in the schedule")
 
 
 def _kernel_hash(built: Any, kernel: str) -> str | None:

@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from compiler.schedule import WARPS, next_pow2
 from tuner.records import Candidate
 
 
@@ -53,15 +54,10 @@ def limits_for(target: Any) -> TargetLimits:
     )
 
 
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
 
 # Per-parameter domains; clipped per kernel below.
 POINTWISE_XBLOCK = (64, 128, 256, 512, 1024, 2048, 4096)
-WARPS = (1, 2, 4, 8, 16, 32)
 REDUCTION_XBLOCK = (1, 2, 4, 8, 16, 32, 64, 128)
 LOOPED_RBLOCK = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 MATMUL_BLOCK_MN = (16, 32, 64, 128, 256)
@@ -174,9 +170,7 @@ def candidates(
     limits = limits_for(target)
     kept: dict[Candidate, None] = {}
     dropped: list[tuple[Candidate, str]] = []
-    heuristic = Candidate.make(kernel["name"], kernel["variant"], dict(kernel.get("config", {})))
-    if heuristic.variant == "aten":
-        heuristic = Candidate.make(kernel["name"], "aten", {})
+    heuristic = Candidate.of_kernel(kernel)
     for variant, config in raw_space(kernel):
         cand = Candidate.make(kernel["name"], variant, config)
         reason = prune_reason(

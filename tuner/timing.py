@@ -24,13 +24,6 @@ class Timing:
     noise_ms: float
     repeats: int
 
-    @property
-    def band(self) -> float:
-        """Noise as a fraction of the median, floored at MIN_NOISE_FRACTION."""
-        if self.median_ms <= 0:
-            return MIN_NOISE_FRACTION
-        return max(MIN_NOISE_FRACTION, self.noise_ms / self.median_ms)
-
 
 def time_cuda(fn: Callable[[], object], warmup_ms: float = 10.0, rep_ms: float = 40.0) -> Timing:
     """Median of CUDA-event timed repeats of `fn`, L2 flushed before each (do_bench)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import fx
 
 from compiler.codegen.common import (
@@ -40,18 +42,8 @@ def member_index(w: Writer, node: fx.Node, natural: Index, shape: tuple[int, ...
     m = meta(node).shape
     if m == shape:
         return natural
-    numel = 1
-    for s in m:
-        numel *= s
-    if numel != group_numel(shape):
+    if math.prod(m) != math.prod(shape):
         raise NotFusible(f"{node.name} has shape {m}, kernel {shape}")
     idx = reshape_index(natural, shape, m)
     w.flat_forms[(idx, m)] = flat
     return idx
-
-
-def group_numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

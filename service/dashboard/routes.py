@@ -20,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
 from service import admin_queries
+from service.api.routes.schedules import KEY_RE
 from service.dashboard import deps, security, views
 from service.dashboard.highlight import stylesheet
 
@@ -68,7 +69,7 @@ def _render(request: Request, name: str, context: dict[str, Any], status: int = 
 
 
 def _valid_key(key: str) -> bool:
-    return len(key) == 64 and set(key) <= _KEY_CHARS
+    return KEY_RE.match(key) is not None
 
 
 def _no_entry(request: Request, key: str) -> HTMLResponse:

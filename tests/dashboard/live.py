@@ -3,7 +3,6 @@ workers in threads, real graphs built and tuned on the CPU (Triton interpreter).
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,18 +16,12 @@ from service import store
 from service.api.app import create_app
 from service.context import ServiceContext
 from service.worker import Worker
+from tests.service.helpers import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

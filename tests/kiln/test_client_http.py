@@ -3,13 +3,13 @@ bounded time, retries for connection errors and 5xx only."""
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 
 from kiln.client import ServiceClient, ServiceError
 from tests.kiln.fake_http import FakeServer, json_reply
+from tests.kiln.helpers import free_port
 
 KEY = "ab" * 32
 SCHEDULE = {"format": "kiln.schedule/1", "kernels": []}
@@ -20,12 +20,6 @@ def _client(url: str, **kw) -> ServiceClient:
     kw.setdefault("request_timeout", 1.0)
     kw.setdefault("retries", 1)
     return ServiceClient(url, token=kw.pop("token", None), **kw)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_submit_parses_tuned_and_pending_answers_and_sends_the_token():
@@ -85,7 +79,7 @@ def test_bad_answers_raise_service_error_with_their_cause(reply, cause):
 
 
 def test_connection_refused_is_unreachable_and_retried_within_the_deadline():
-    client = _client(f"http://127.0.0.1:{_free_port()}", retries=2)
+    client = _client(f"http://127.0.0.1:{free_port()}", retries=2)
     start = time.monotonic()
     with pytest.raises(ServiceError) as info:
         client.schedule(KEY)

@@ -32,3 +32,14 @@ def pg_ctx(pg_settings: Any) -> Iterator[Any]:
     ctx = ServiceContext(pg_settings, queue=InProcessQueue(pg_settings.lease_s))
     yield ctx
     ctx.close()
+
+
+@pytest.fixture
+def client(pg_ctx: Any) -> Iterator[Any]:
+    """The app on `pg_ctx`, in-process (fastapi TestClient)."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    with TestClient(create_app(ctx=pg_ctx)) as c:
+        yield c

@@ -8,11 +8,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from service import store
 from service.store import Submission
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,12 +78,16 @@ class Proc:
         self._log.close()
 
 
-def start_api(tmp: Path, port: int, **env: str) -> tuple[Proc, str]:
+def start_api(tmp: Path, port: int, timeout: float = 60, **env: str) -> tuple[Proc, str]:
     """Start `kiln serve` and wait until /healthz answers; returns (process, base URL)."""
     proc = Proc(["serve", "--port", str(port)], service_env(**env), tmp / f"api-{port}.log")
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _healthy(url), 60, lambda: f"API did not start:\n{proc.log()}",
-             proc=proc)
+    try:
+        wait_for(lambda: _healthy(url), timeout, lambda: f"API did not start:\n{proc.log()}",
+                 proc=proc)
+    except AssertionError:
+        proc.stop()
+        raise
     return proc, url
 
 
@@ -92,6 +99,24 @@ def start_worker(tmp: Path, name: str, delay: float | None = None, die: bool = F
         return Proc(["worker", "--device", "cpu"], service_env(**env), tmp / f"worker-{name}.log")
     return Proc(["--delay", str(delay), *(["--die"] if die else [])], service_env(**env),
                 tmp / f"worker-{name}.log", module="tests.service.worker_proc")
+
+
+def job_dict(ctx: Any, job_id: int) -> dict[str, Any]:
+    """The job as `GET /v1/jobs/{id}` shows it, read in a transaction of its own."""
+    with ctx.transaction() as session:
+        return store.job_dict(session, session.get(store.JobRow, job_id))
+
+
+@contextmanager
+def running(worker: Any, join_s: float = 10) -> Iterator[Any]:
+    """A `service.worker.Worker` running in its thread for the body; stopped and joined
+    after it, even when the body fails."""
+    worker.start_thread()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        worker.join(join_s)
 
 
 def _healthy(url: str) -> bool:

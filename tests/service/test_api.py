@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,12 +16,6 @@ from tests.service.helpers import gpu_target, wire_body
 pytestmark = pytest.mark.services
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
-
-
-@pytest.fixture
-def client(pg_ctx: ServiceContext) -> Iterator[TestClient]:
-    with TestClient(create_app(ctx=pg_ctx)) as c:
-        yield c
 
 
 def _publish(ctx: ServiceContext, key: str, status: str = "heuristic") -> None:

@@ -28,12 +28,6 @@ pytestmark = pytest.mark.services
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
-@pytest.fixture
-def client(pg_ctx: ServiceContext) -> Iterator[TestClient]:
-    with TestClient(create_app(ctx=pg_ctx)) as c:
-        yield c
-
-
 def _mutated(path: list[Any], value: Any) -> dict[str, Any]:
     body = copy.deepcopy(wire_body("mlp.train_bwd"))
     target = body

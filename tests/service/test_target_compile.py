@@ -19,7 +19,7 @@ from service.queue import BUILD_STREAM
 from service.target_compile import TargetCompileError, _compile, compile_schedule
 from service.worker import Worker
 from tests.compiler.oputil import rand, trace
-from tests.service.helpers import gpu_target, wait_for, wire_body
+from tests.service.helpers import gpu_target, job_dict, running, wait_for, wire_body
 
 SM_90 = compiler.Target.named("sm_90", name="NVIDIA H200")
 # fp32 tiles of 16x512 and 512x128 in 3 stages: more shared memory than an H200 block has.
@@ -106,19 +106,9 @@ def _submit(ctx: ServiceContext, body: dict[str, Any]) -> tuple[str, int]:
     return sub.key, job.id
 
 
-def _job(ctx: ServiceContext, job_id: int) -> dict:
-    with ctx.transaction() as session:
-        return store.job_dict(session, session.get(store.JobRow, job_id))
-
-
 def _run_worker(ctx: ServiceContext, job_id: int, status: str, **kw: Any) -> None:
-    worker = Worker(ctx, block_s=0.2, **kw)
-    worker.start_thread()
-    try:
-        wait_for(lambda: _job(ctx, job_id)["status"] == status, 120)
-    finally:
-        worker.stop()
-        worker.join(30)
+    with running(Worker(ctx, block_s=0.2, **kw), join_s=30):
+        wait_for(lambda: job_dict(ctx, job_id)["status"] == status, 120)
 
 
 @pytest.mark.services
@@ -155,7 +145,7 @@ def test_a_job_whose_kernel_does_not_fit_fails_at_once(pg_ctx: ServiceContext) -
 
     key, job_id = _submit(pg_ctx, wire_body("mlp.fwd", gpu_target()))
     _run_worker(pg_ctx, job_id, "failed", build=build)
-    job = _job(pg_ctx, job_id)
+    job = job_dict(pg_ctx, job_id)
     assert len(calls) == job["attempts"] == 1  # retrying cannot help
     assert job["error"].startswith("failed once; last error: TargetCompileError: kernel "
                                    "fused_addmm_relu_0 does not fit sm_90: out_of_resources")

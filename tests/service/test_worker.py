@@ -13,7 +13,7 @@ from service.models import WorkerRow, utcnow
 from service.pipeline import Outcome
 from service.queue import BUILD_STREAM, InProcessQueue, tune_stream
 from service.worker import Worker
-from tests.service.helpers import fake_submission, wait_for
+from tests.service.helpers import fake_submission, job_dict, running, wait_for
 
 pytestmark = pytest.mark.services
 
@@ -34,24 +34,14 @@ def _submit(ctx: ServiceContext, **kw: str) -> tuple[str, int]:
     return sub.key, job.id
 
 
-def _job(ctx: ServiceContext, job_id: int) -> dict:
-    with ctx.transaction() as session:
-        return store.job_dict(session, session.get(store.JobRow, job_id))
-
-
 def test_cpu_worker_publishes_the_heuristic_schedule(pg_ctx: ServiceContext) -> None:
     key, job_id = _submit(pg_ctx)
-    worker = Worker(pg_ctx, build=_ok, block_s=0.2)
-    worker.start_thread()
-    try:
-        wait_for(lambda: _job(pg_ctx, job_id)["status"] == "done", 20)
-    finally:
-        worker.stop()
-        worker.join(10)
+    with running(Worker(pg_ctx, build=_ok, block_s=0.2)):
+        wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "done", 20)
     with pg_ctx.transaction() as session:
         entry = store.schedule_by_key(session, key)
         assert entry.status == "heuristic"
-    history = [e["status"] for e in _job(pg_ctx, job_id)["history"]]
+    history = [e["status"] for e in job_dict(pg_ctx, job_id)["history"]]
     assert history == ["queued", "running", "done"]
 
 
@@ -63,14 +53,9 @@ def test_a_job_that_always_crashes_ends_failed_with_its_error(pg_ctx: ServiceCon
         raise RuntimeError("lowering exploded")
 
     key, job_id = _submit(pg_ctx)
-    worker = Worker(pg_ctx, build=crash, block_s=0.2)
-    worker.start_thread()
-    try:
-        wait_for(lambda: _job(pg_ctx, job_id)["status"] == "failed", 20)
-    finally:
-        worker.stop()
-        worker.join(10)
-    job = _job(pg_ctx, job_id)
+    with running(Worker(pg_ctx, build=crash, block_s=0.2)):
+        wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "failed", 20)
+    job = job_dict(pg_ctx, job_id)
     assert len(calls) == pg_ctx.settings.max_attempts == job["attempts"]
     assert "lowering exploded" in job["error"]
     with pg_ctx.transaction() as session:
@@ -85,15 +70,10 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
                               heartbeat_at=utcnow() - timedelta(minutes=5)))
     served_key, served = _submit(pg_ctx, arch="sm_90", name="NVIDIA H200")
     _unserved_key, unserved = _submit(pg_ctx, arch="sm_80", name="NVIDIA A100")
-    worker = Worker(pg_ctx, build=_ok, block_s=0.2)
-    worker.start_thread()
-    try:
-        wait_for(lambda: _job(pg_ctx, unserved)["status"] == "done"
-                 and _job(pg_ctx, served)["stage"] == "tune", 20)
-    finally:
-        worker.stop()
-        worker.join(10)
-    job = _job(pg_ctx, served)
+    with running(Worker(pg_ctx, build=_ok, block_s=0.2)):
+        wait_for(lambda: job_dict(pg_ctx, unserved)["status"] == "done"
+                 and job_dict(pg_ctx, served)["stage"] == "tune", 20)
+    job = job_dict(pg_ctx, served)
     assert job["status"] == "queued" and job["progress"] == 0.5
     assert pg_ctx.queue.depth().get(tune_stream("cuda-sm_90")) == 1
 
@@ -109,13 +89,9 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
                              "ms": 1.0, "error": None, "verified": True}]
         return out
 
-    gpu = Worker(pg_ctx, device="cuda:0", queue_class="cuda-sm_90", tune=tuned, block_s=0.2)
-    gpu.start_thread()
-    try:
-        wait_for(lambda: _job(pg_ctx, served)["status"] == "done", 20)
-    finally:
-        gpu.stop()
-        gpu.join(10)
+    with running(Worker(pg_ctx, device="cuda:0", queue_class="cuda-sm_90", tune=tuned,
+                        block_s=0.2)):
+        wait_for(lambda: job_dict(pg_ctx, served)["status"] == "done", 20)
     assert seen["device"] == "cuda:0"
     with pg_ctx.transaction() as session:
         entry = store.schedule_by_key(session, served_key)
@@ -126,14 +102,10 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
     assert len(detail["measurements"]) == 1 and detail["speedup"] == 2.0
 
     # A GPU worker for sm_80 starting later tunes what was built without one.
-    late = Worker(pg_ctx, device="cuda:1", queue_class="cuda-sm_80", tune=tuned, block_s=0.2)
-    late.start_thread()
-    try:
-        wait_for(lambda: _job(pg_ctx, unserved)["stage"] == "tune"
-                 and _job(pg_ctx, unserved)["status"] == "done", 20)
-    finally:
-        late.stop()
-        late.join(10)
+    with running(Worker(pg_ctx, device="cuda:1", queue_class="cuda-sm_80", tune=tuned,
+                        block_s=0.2)):
+        wait_for(lambda: job_dict(pg_ctx, unserved)["stage"] == "tune"
+                 and job_dict(pg_ctx, unserved)["status"] == "done", 20)
     assert seen["device"] == "cuda:1"
     with pg_ctx.transaction() as session:
         assert store.schedule_by_key(session, _unserved_key).status == "tuned"
@@ -163,14 +135,9 @@ def test_recovery_enqueues_a_running_job_whose_worker_died_without_a_message(
 
     time.sleep(pg_ctx.settings.lease_s + 0.3)
     assert pg_ctx.recover() == 1
-    worker = Worker(pg_ctx, build=_ok, block_s=0.2)
-    worker.start_thread()
-    try:
-        wait_for(lambda: _job(pg_ctx, job_id)["status"] == "done", 20)
-    finally:
-        worker.stop()
-        worker.join(10)
-    assert _job(pg_ctx, job_id)["attempts"] == 2
+    with running(Worker(pg_ctx, build=_ok, block_s=0.2)):
+        wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "done", 20)
+    assert job_dict(pg_ctx, job_id)["attempts"] == 2
 
 
 def test_a_hung_build_is_taken_over_after_its_time_limit(pg_ctx: ServiceContext) -> None:
@@ -186,17 +153,17 @@ def test_a_hung_build_is_taken_over_after_its_time_limit(pg_ctx: ServiceContext)
     _key, job_id = _submit(pg_ctx)
     stuck = Worker(pg_ctx, build=hang, block_s=0.2)
     stuck.start_thread()
-    wait_for(lambda: _job(pg_ctx, job_id)["status"] == "running", 10)
+    wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "running", 10)
     rescuer = Worker(pg_ctx, build=_ok, block_s=0.2)
     rescuer.start_thread()
     try:
-        wait_for(lambda: _job(pg_ctx, job_id)["status"] == "done", 20)
+        wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "done", 20)
     finally:
         release.set()
         for w in (stuck, rescuer):
             w.stop()
             w.join(10)
-    job = _job(pg_ctx, job_id)
+    job = job_dict(pg_ctx, job_id)
     assert job["attempts"] == 2 and job["worker"] == rescuer.id
     assert any("ran past the time limit of 0.5 s" in (e["message"] or "") for e in job["history"])
     done = [e for e in job["history"] if e["status"] == "done"]

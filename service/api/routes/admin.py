@@ -26,6 +26,12 @@ def _known_key(key: str) -> str:
     return key
 
 
+def _found(item: dict[str, Any] | None, key: str) -> dict[str, Any]:
+    if item is None:
+        raise ApiError(404, "not_found", f"no entry {key}")
+    return item
+
+
 @router.get("/entries")
 def entries(ctx: Ctx, _who: Admin, q: str | None = Query(None, max_length=64),
             target: str | None = Query(None, max_length=128),
@@ -48,9 +54,7 @@ def entry(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
     """One entry with kernels, sources, measurements and its job."""
     with ctx.transaction() as session:
         detail = admin_queries.entry_detail(session, _known_key(key))
-    if detail is None:
-        raise ApiError(404, "not_found", f"no entry {key}")
-    return detail
+    return _found(detail, key)
 
 
 @router.post("/entries/{key}/invalidate")
@@ -58,9 +62,7 @@ def invalidate(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
     """Withdraw an entry's schedule."""
     with ctx.transaction() as session:
         item = admin_queries.invalidate(session, _known_key(key))
-    if item is None:
-        raise ApiError(404, "not_found", f"no entry {key}")
-    return item
+    return _found(item, key)
 
 
 @router.post("/entries/{key}/retune", status_code=202)
@@ -68,9 +70,7 @@ def retune(key: str, ctx: Ctx, _who: Admin) -> JSONResponse:
     """Queue the entry for tuning again."""
     with ctx.transaction() as session:
         job = admin_queries.retune(session, _known_key(key))
-    if job is None:
-        raise ApiError(404, "not_found", f"no entry {key}")
-    return JSONResponse(job, status_code=202)
+    return JSONResponse(_found(job, key), status_code=202)
 
 
 @router.get("/stats")
