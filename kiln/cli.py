@@ -174,15 +174,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kiln` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["tune"]:  # the tuner's CLI parses its own arguments
-        return cmd_tune(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # `tune` hands everything after it to the tuner's own parser; global options before it
+    # (`kiln --log-level debug tune ...`) still apply.
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "tune":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         from service.logs import configure
     except ImportError:  # the client install has no service package: plain logging
         logging.basicConfig(level=args.log_level.upper())
     else:
         configure(args.log_level)
+    if args.command == "tune":
+        return cmd_tune(rest)
     return int(args.func(args) or 0)
 
 

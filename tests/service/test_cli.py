@@ -81,3 +81,15 @@ def test_several_api_processes_need_redis(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("KILN_ADMIN_TOKEN", "x" * 40)
     with pytest.raises(SystemExit, match="--workers > 1 needs KILN_REDIS_URL"):
         main(["serve", "--workers", "2"])
+
+
+def test_global_options_before_tune_reach_the_tuner_untouched(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kiln.cli
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(kiln.cli, "cmd_tune", lambda argv: seen.append(argv) or 0)
+    assert main(["--log-level", "debug", "tune", "--trials", "3", "model.py", "--train"]) == 0
+    assert seen == [["--trials", "3", "model.py", "--train"]]
+    with pytest.raises(SystemExit):  # other commands still refuse unknown options
+        main(["db", "upgrade", "--bogus"])
