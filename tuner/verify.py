@@ -213,12 +213,7 @@ class Reference:
         if not isinstance(base, torch.Tensor) or mismatch(out, base) is not None:
             return False
         r = ref.double()
-        out_diff, base_diff = out.detach().to(ref.device).double() - r, base.double() - r
-        slack = 1e-7 * _rms(r)
-        return all(
-            measure(out_diff) <= FP64_MULTIPLIER * measure(base_diff) + slack
-            for measure in (_rms, _max_abs)
-        )
+        return _no_worse(out.detach().to(ref.device).double() - r, base.double() - r, r)
 
     def _closer_to_float64(self, i: int, out: Any, ref: Any, reason: str) -> bool:
         """Whether a tolerance miss is only rounding: `out` is within FP64_MULTIPLIER times
@@ -230,14 +225,7 @@ class Reference:
         if not (isinstance(r64, torch.Tensor) and r64.is_floating_point()):
             return False
         r64 = r64.to(ref.device, torch.float64)
-        ref_diff = ref.double() - r64
-        out_diff = out.detach().to(ref.device).double() - r64
-        slack = 1e-7 * _rms(r64)
-        # Both the typical error and the worst element: a few wrong rows raise the second.
-        return all(
-            measure(out_diff) <= FP64_MULTIPLIER * measure(ref_diff) + slack
-            for measure in (_rms, _max_abs)
-        )
+        return _no_worse(out.detach().to(ref.device).double() - r64, ref.double() - r64, r64)
 
 
 # Outputs that carry RNG bookkeeping, not values: with dropout off, attention kernels return
@@ -271,6 +259,15 @@ def unchecked_outputs(module: Any) -> dict[int, str]:
 
 def _is_tolerance_miss(reason: str) -> bool:
     return "relative error" in reason or "elements off" in reason
+
+
+def _no_worse(diff: torch.Tensor, allowed: torch.Tensor, scale: torch.Tensor) -> bool:
+    """`diff` is within FP64_MULTIPLIER times `allowed` (plus a slack relative to `scale`) in
+    both the typical error and the worst element: a few wrong rows raise the second."""
+    slack = 1e-7 * _rms(scale)
+    return all(
+        measure(diff) <= FP64_MULTIPLIER * measure(allowed) + slack for measure in (_rms, _max_abs)
+    )
 
 
 def _rms(t: torch.Tensor) -> float:
