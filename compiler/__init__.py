@@ -4,8 +4,7 @@ Public names load lazily so that `import compiler` stays cheap (a service proces
 parses wire graphs never imports Triton).
 """
 
-from importlib import import_module
-from typing import Any
+from compiler.lazy import lazy_exports
 
 _PUBLIC = {
     # wire format and keys (compiler/wire.py, compiler/keys.py)
@@ -30,15 +29,4 @@ _PUBLIC = {
 
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'compiler' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _PUBLIC)

@@ -3,8 +3,7 @@
 Public names load lazily so that `import tuner` stays cheap.
 """
 
-from importlib import import_module
-from typing import Any
+from compiler.lazy import lazy_exports
 
 _PUBLIC = {
     "tune": "tuner.api",
@@ -15,15 +14,4 @@ _PUBLIC = {
 
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _PUBLIC)

@@ -11,7 +11,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
-from examples.models import GPT, GPTConfig, SeedMLP, gpt_batches
+from examples.models import GPT, GPTConfig, SeedMLP, gpt_batches, train
 from kiln import KilnWarning
 
 _CAUSE = re.compile(r"^kiln \[(\w+)\]")
@@ -55,16 +55,7 @@ def train_gpt(steps: int = 5, backend: str | None = "kiln") -> list[float]:
     torch.manual_seed(0)
     model = GPT(cfg)
     batches = gpt_batches(cfg, batch=2, steps=steps)
-    fn = torch.compile(model, backend=backend) if backend else model
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    losses = []
-    for idx, targets in batches:
-        opt.zero_grad(set_to_none=True)
-        loss = fn(idx, targets)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
+    return train(torch.compile(model, backend=backend) if backend else model, batches)
 
 
 def assert_close_losses(got: list[float], want: list[float], rtol: float = 1e-4) -> None:
