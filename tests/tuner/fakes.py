@@ -56,3 +56,23 @@ class FakeGraphRunner(FakeRunner):
             for k in schedule_json["kernels"]
         )
         return {"ms": total, "error": None}
+
+
+def matmul_kernel(M: int = 4096, N: int = 4096, K: int = 4096, dtype: str = "bfloat16",
+                  variant: str = "triton") -> dict:
+    """A schedule entry for one matmul kernel, as the search space reads it."""
+    return {
+        "name": "mm_0",
+        "kind": "matmul",
+        "variant": variant,
+        "sizes": {"M": M, "N": N, "K": K, "batch": 1},
+        "dtype": dtype,
+        "config": {
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "BLOCK_K": 32,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+        },
+    }

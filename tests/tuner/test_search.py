@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.tuner.fakes import FakeRunner, crash_on_big_xblock
+from tests.tuner.fakes import FakeRunner, crash_on_big_xblock, matmul_kernel
 from tuner.records import Candidate, Measurement
 from tuner.search import Budget, BudgetClock, KernelSearch, pick_winner
 from tuner.space import candidates
@@ -21,21 +21,7 @@ POINTWISE = {
     "dtype": "float32",
     "config": {"XBLOCK": 256, "num_warps": 4, "num_stages": 1},
 }
-MATMUL = {
-    "name": "mm_0",
-    "kind": "matmul",
-    "variant": "triton",
-    "sizes": {"M": 4096, "N": 4096, "K": 4096, "batch": 1},
-    "dtype": "bfloat16",
-    "config": {
-        "BLOCK_M": 64,
-        "BLOCK_N": 64,
-        "BLOCK_K": 32,
-        "GROUP_M": 8,
-        "num_warps": 4,
-        "num_stages": 3,
-    },
-}
+MATMUL = matmul_kernel()
 
 
 def _start(kernel: dict) -> Candidate:

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
+from tests.tuner.fakes import matmul_kernel as mm
 from tuner.records import Candidate
 from tuner.space import candidates, limits_for, neighbours, prune_reason
 
 H100 = type("T", (), {"device_type": "cuda", "arch": "sm_90"})()
 A10 = type("T", (), {"device_type": "cuda", "arch": "sm_86"})()
-
-
-def mm(M=4096, N=4096, K=4096, dtype="bfloat16", variant="triton") -> dict:
-    return {
-        "name": "mm_0",
-        "kind": "matmul",
-        "variant": variant,
-        "sizes": {"M": M, "N": N, "K": K, "batch": 1},
-        "dtype": dtype,
-        "config": {
-            "BLOCK_M": 64,
-            "BLOCK_N": 64,
-            "BLOCK_K": 32,
-            "GROUP_M": 8,
-            "num_warps": 4,
-            "num_stages": 3,
-        },
-    }
 
 
 def test_shared_memory_limit_depends_on_the_arch() -> None:
