@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from compiler import input_stats
 from compiler.wire import Graph, from_wire
 from compiler.wire_decode import NodeSpec, TensorMeta
-from compiler.wire_schema import Ref
+from compiler.wire_schema import Ref, storage_extent
 
 # Ops that only re-shape, copy or re-type a tensor: an index that flows through them is
 # still an index into the same range.
@@ -183,10 +184,8 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
     stats = input_stats.find(graph, _PASS_THROUGH)
     flats, views = [], {}
     for inp in graph.inputs:
-        numel = 1
-        for s in inp.shape:
-            numel *= s
-        extent = inp.storage_offset + (1 + sum((s - 1) * st for s, st in zip(inp.shape, inp.stride, strict=True)) if numel else 0)
+        numel = math.prod(inp.shape)
+        extent = storage_extent(inp.shape, inp.stride, inp.storage_offset)
         if inp.dtype == torch.bool:
             flat = torch.randint(0, 2, (extent,), generator=gen).bool()
         elif inp.name in positive:

@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from compiler import ops
 from compiler.fusion import plan_steps
 from compiler.ir import Program, TensorMeta, check_program
+from compiler.wire_schema import storage_extent
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -53,11 +54,8 @@ def _private_copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _meta_tensor(m: TensorMeta) -> torch.Tensor:
-    if not m.shape:
-        base = torch.empty(m.offset + 1, dtype=m.dtype, device="meta")
-    else:
-        span = 1 + m.offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride, strict=False) if s > 0)
-        base = torch.empty(max(span, 1), dtype=m.dtype, device="meta")
+    span = storage_extent(m.shape, m.stride, m.offset)
+    base = torch.empty(max(span, 1), dtype=m.dtype, device="meta")
     return base.as_strided(m.shape, m.stride, m.offset)
 
 

@@ -26,6 +26,7 @@ from compiler.wire_schema import (
     decode_float,
     decode_value,
     resolve_op,
+    storage_extent,
     valid_name,
 )
 
@@ -149,7 +150,7 @@ def _check_extent(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, 
     numel = math.prod(shape)
     _expect(numel <= limits.max_numel, f"shape {list(shape)} has {numel} elements > limit {limits.max_numel}", node)
     if numel:
-        extent = offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
+        extent = storage_extent(shape, stride, offset)
         _expect(extent <= limits.max_numel, f"strides {list(stride)} span {extent} elements > limit {limits.max_numel}", node)
 
 

@@ -16,7 +16,7 @@ from torch import fx, nn
 
 from compiler.settings import WireLimits
 from compiler.wire_decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
-from compiler.wire_schema import GETITEM, Ref, WireError
+from compiler.wire_schema import GETITEM, Ref, WireError, storage_extent
 
 _META = torch.device("meta")
 # Ops returning a list whose length is ceil(size / split_size) rather than bounded by args.
@@ -137,8 +137,8 @@ def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits) 
     errors should use."""
     env: dict[str, Any] = {}
     for inp in spec.inputs:
-        extent = inp.storage_offset + 1 + sum((s - 1) * st for s, st in zip(inp.shape, inp.stride, strict=True))
-        base = torch.empty(max(extent, inp.storage_offset), dtype=inp.dtype, device=_META)
+        extent = storage_extent(inp.shape, inp.stride, inp.storage_offset)
+        base = torch.empty(extent, dtype=inp.dtype, device=_META)
         env[inp.name] = base.as_strided(inp.shape, inp.stride, inp.storage_offset)
     for const in spec.constants:
         env[const.name] = torch.empty(const.shape, dtype=const.dtype, device=_META)

@@ -259,3 +259,11 @@ def _decode_tagged(value: dict) -> Any:
     if not isinstance(payload, str) or payload not in table:
         raise WireError(f"unknown {tag} {brief(payload)}")
     return table[payload]
+
+
+def storage_extent(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> int:
+    """Storage elements a strided tensor reaches: its offset plus the span of its last
+    element (just the offset when it has no elements)."""
+    if math.prod(shape) == 0:
+        return offset
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
