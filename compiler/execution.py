@@ -113,9 +113,9 @@ class Launch:
         self._interpreted: Any = None
 
     def kernel_for(self, device: torch.device) -> Any:
-        if device.type == "cpu" or _is_interpreted(self.fn):
+        if device.type == "cpu" or is_interpreted(self.fn):
             patch_interpreter_bf16_dot()
-        if device.type == "cpu" and not _is_interpreted(self.fn):
+        if device.type == "cpu" and not is_interpreted(self.fn):
             if self._interpreted is None:
                 from triton.runtime.interpreter import InterpretedFunction
 
@@ -158,7 +158,7 @@ def _poison(t: torch.Tensor, fill: bool | float) -> None:
         t.fill_(torch.iinfo(t.dtype).min + 7)
 
 
-def _is_interpreted(fn: Any) -> bool:
+def is_interpreted(fn: Any) -> bool:
     return type(fn).__name__ == "InterpretedFunction"
 
 

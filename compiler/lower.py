@@ -9,12 +9,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import fx
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from compiler import ops
 from compiler.fusion import plan_steps
 from compiler.ir import Program, TensorMeta, check_program
+from compiler.record import record
 from compiler.wire_schema import storage_extent
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
         return decomp(*args, **kwargs)
 
     try:
-        sub = make_fx(fn, decomposition_table=table)(*metas)
+        sub = record(fn, metas, table)
     except Exception as exc:  # leave it whole: it becomes an ATen call
         log.debug("cannot decompose %s: %s", node.name, exc)
         return False

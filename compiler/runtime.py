@@ -22,7 +22,7 @@ from torch import fx
 
 from compiler import cudagraphs
 from compiler.codegen import NotFusible, Unsupported, generate_kernel
-from compiler.execution import Args, AtenMatmul, Call, Const, KernelCall, Launch
+from compiler.execution import Args, AtenMatmul, Call, Const, KernelCall, Launch, is_interpreted
 from compiler.frontend import lower_graph
 from compiler.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta
@@ -211,6 +211,28 @@ class Built:
             found.append(LaunchInfo(launch.name, launch.fn, dtypes, dict(launch.constexprs),
                                     dict(launch.options), launch.grid))
         return found
+
+    def precompile(self, device: torch.device | str) -> int:
+        """Compile (or fetch from Triton's cache) and load every Triton kernel of this graph
+        for the CUDA `device` without launching anything, so that the first call pays for
+        none of it; returns how many kernels it prepared (0 on the CPU, where kernels are
+        interpreted). Raises what Triton raises for a kernel that does not compile."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            return 0
+        infos = self.launches()
+        with torch.cuda.device(device):
+            for info in infos:
+                if is_interpreted(info.fn):
+                    return 0
+                # Dtypes stand for tensors (Triton's MockTensor: 16-byte aligned pointers,
+                # which is what the caching allocator hands out).
+                kernel = info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs,
+                                        **info.options)
+                load = getattr(kernel, "_init_handles", None)
+                if load is not None:  # module and launcher load, otherwise lazy
+                    load()
+        return len(infos)
 
     def kernel_calls(self, *inputs: Any) -> list[KernelCall]:
         """Run once; one entry per kernel launch, each able to re-launch it alone."""

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from functorch.compile import make_boxed_func
 
 import compiler
 from kiln import config as kiln_config
 from kiln import degrade
+from kiln.background import Compiler
 from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
 from kiln.poller import Poller
 from kiln.resolve import Resolver
@@ -33,6 +33,7 @@ log = logging.getLogger("kiln")
 _lock = threading.Lock()
 _resolvers: dict[kiln_config.Config, Resolver] = {}
 _poller: Poller | None = None
+_background: Compiler | None = None
 _compiled: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 
 
@@ -100,31 +101,44 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
                     resolver: Resolver, kind: str) -> Callable[..., Any]:
+    entry = CompiledGraph(gm, kind=kind, device=_device_of(example_inputs))
+    with _lock:
+        _compiled.add(entry)
+    if resolver.config.background:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+
+        _LazyGraphModule.force_recompile(gm)  # eager calls and the converter must not race
+        background().submit(functools.partial(_resolve, entry, example_inputs, resolver))
+    else:
+        _resolve(entry, example_inputs, resolver)
+    return entry
+
+
+def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver) -> None:
+    """Convert, key, find a schedule for and build `entry`'s graph; what fails leaves it
+    eager (warned once). On the training thread, or the background one."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     start = time.perf_counter()
     try:
         # Under dynamo the inputs are fake tensors; only their metadata is used here.
         with _disable_current_modes():
-            wire = compiler.to_wire(gm, example_inputs)
+            wire = compiler.to_wire(entry.gm, example_inputs)
             graph = compiler.from_wire(wire)
-            target = compiler.Target.detect(str(_device_of(example_inputs)))
-            key = compiler.tuning_key(graph, target)
+            target = compiler.Target.detect(str(entry.device))
+            entry.describe(compiler.tuning_key(graph, target), graph, wire, target)
     except Exception as exc:  # a graph kiln cannot express runs eagerly
         degrade.warn_once("unsupported", f"{type(exc).__name__}: {exc}")
         degrade.count("eager")
-        return make_boxed_func(gm)
+        return
     degrade.add_seconds("wire", time.perf_counter() - start)
-    entry = CompiledGraph(gm, key=key, graph=graph, wire=wire, target=target, kind=kind)
-    with _lock:
-        _compiled.add(entry)
     answer = None
     start = time.perf_counter()
     try:
         with _disable_current_modes():
             answer = resolver.resolve(entry)
     except Exception as exc:  # degrade to what is installed (or eager)
-        degrade.warn_once("build_failed", f"{key[:12]}: {type(exc).__name__}: {exc}")
+        degrade.warn_once("build_failed", f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
         log.debug("kiln: resolve failed", exc_info=True)
     degrade.add_seconds("resolve", time.perf_counter() - start)
     if entry.level == "eager":
@@ -133,7 +147,6 @@ def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
         poller().watch(entry, resolver, submitted=answer is not None,
                        job_id=answer.job_id if answer is not None else None)
     log.debug("kiln: compiled %r", entry)
-    return entry
 
 
 def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
@@ -213,13 +226,35 @@ def poller() -> Poller:
         return _poller
 
 
+def background() -> Compiler:
+    """The process's background compiler (`KILN_BACKGROUND=1`; started on first use)."""
+    global _background
+    with _lock:
+        if _background is None:
+            _background = Compiler()
+        return _background
+
+
+def wait_compiled(timeout: float | None = None) -> bool:
+    """Block until every graph handed to the background compiler (`KILN_BACKGROUND=1`) is
+    built, or has failed to be and runs eagerly; False if `timeout` seconds passed first.
+    Returns True at once when nothing compiles in the background."""
+    with _lock:
+        compiling = _background
+    return compiling is None or compiling.wait(timeout)
+
+
 def shutdown() -> None:
-    """Stop the background poller, forget clients and the list of compiled graphs (tests;
-    before a fork). Compiled graphs keep working; they just are not swapped any more."""
-    global _poller
+    """Stop the background threads (after the compiles already queued), forget clients and
+    the list of compiled graphs (tests; before a fork). Compiled graphs keep working; they
+    just are not swapped any more."""
+    global _poller, _background
     with _lock:
         p, _poller = _poller, None
+        b, _background = _background, None
         _resolvers.clear()
         _compiled.clear()
+    if b is not None:
+        b.stop()
     if p is not None:
         p.stop()

@@ -25,13 +25,15 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, key: str | None = None,
                  graph: Any = None, wire: dict[str, Any] | None = None,
-                 target: Any = None, kind: str = "inference") -> None:
+                 target: Any = None, kind: str = "inference",
+                 device: torch.device | None = None) -> None:
         self.gm = gm
         self.kind = kind  # forward | backward | inference
         self.key = key
         self.graph = graph  # compiler.Graph
         self.wire = wire  # the kiln.graph/1 dict sent to the service
         self.target = target  # compiler.Target
+        self.device = device or torch.device("cpu")  # where the kernels run
         self.level = "eager"
         self.origin = "eager"  # eager | local | cache | service
         self.built: Any = None  # compiler.Built once built
@@ -48,6 +50,10 @@ class CompiledGraph:
         inputs = list(args)
         args.clear()
         return impl(*inputs)
+
+    def describe(self, key: str, graph: Any, wire: dict[str, Any], target: Any) -> None:
+        """What kiln made of the graph: set once, before anything is built."""
+        self.key, self.graph, self.wire, self.target = key, graph, wire, target
 
     def install(self, built: Any, level: str, origin: str) -> bool:
         """Use `built` from the next call on, if `level` is above the current one.

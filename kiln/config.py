@@ -45,6 +45,7 @@ class Config:
     retries: int = 2  # extra attempts for a failed request (connection error, 429, 502-504)
     tag: str | None = None  # optional model tag sent with each graph (dashboard)
     cache: bool = True  # use the local disk cache
+    background: bool = False  # compile off the training thread; run eagerly until ready
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -70,6 +71,15 @@ def _mode(value: str) -> str:
     return mode
 
 
+def _flag(value: str) -> bool:
+    flag = value.strip().lower()
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    if flag in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1 or 0")
+
+
 def _non_negative(parse: Any) -> Any:
     def check(value: str) -> Any:
         number = parse(value)
@@ -92,6 +102,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "KILN_POLL_INTERVAL": ("poll_interval", _non_negative(float)),
     "KILN_RETRIES": ("retries", _non_negative(int)),
     "KILN_TAG": ("tag", lambda v: v or None),
+    "KILN_BACKGROUND": ("background", _flag),
 }
 
 _FIELDS = {f.name for f in dataclasses.fields(Config)}
@@ -119,7 +130,7 @@ def configure(reset: bool = False, **options: Any) -> Config:
 
     Accepts any `Config` field (`url`, `token`, `mode`, `cache_dir`, `connect_timeout`,
     `request_timeout`, `wait_timeout`, `poll_interval`, `poll_for`, `retries`, `tag`,
-    `cache`). `reset=True` first forgets earlier calls. Returns the resulting config.
+    `cache`, `background`). `reset=True` first forgets earlier calls. Returns the resulting config.
     """
     unknown = set(options) - _FIELDS
     if unknown:

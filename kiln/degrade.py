@@ -105,7 +105,10 @@ def stats() -> dict[str, float]:
     - `builds`: graphs built into Triton kernels; `eager`: graphs run eagerly
     - `swaps`: tuned schedules swapped in after the first call
     - `fallback:<cause>`: how often each degrade cause happened
-    - `seconds:<step>`: time spent per compile step (`wire`, `resolve`, `build`)
+    - `seconds:<step>`: time spent per compile step: `wire` (convert and key), `resolve`
+      (cache, service, build), `build` (code generation), `precompile` (Triton compiles and
+      loads the kernels), `background` (all of that, for the
+      graphs resolved off the training thread)
     """
     with _lock:
         result: dict[str, float] = {k: 0 for k in ("schedules_local", "schedules_fetched",

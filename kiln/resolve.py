@@ -114,11 +114,20 @@ class Resolver:
 
     @staticmethod
     def _build(entry: CompiledGraph, schedule: Any) -> Any:
+        """Build and load every kernel onto the device: whichever thread builds (the
+        background poller, too) also pays Triton's compile, not the first call after the
+        swap; a kernel that does not compile fails the build here, not the training step."""
         start = time.perf_counter()
         try:
-            return compiler.build(entry.graph, schedule)
+            built = compiler.build(entry.graph, schedule)
         finally:
             degrade.add_seconds("build", time.perf_counter() - start)
+        start = time.perf_counter()
+        try:
+            built.precompile(entry.device)
+        finally:
+            degrade.add_seconds("precompile", time.perf_counter() - start)
+        return built
 
     def _store(self, key: str, level: str, built: Any) -> None:
         if self.cache is None:
