@@ -25,6 +25,7 @@ _PUBLIC = {
     "heuristic_schedule": "compiler.heuristics",
     "build": "compiler.runtime",
     "Built": "compiler.runtime",
+    "runs_on_cpu": "compiler.execution",
 }
 
 __all__ = sorted(_PUBLIC)

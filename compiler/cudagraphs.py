@@ -2,8 +2,8 @@
 
 The second call of a `Built` on CUDA captures its launches into one CUDA graph. Inputs
 whose memory is the same as on the first call (parameters) are read in place; the others
-are copied into static buffers before each replay. Outputs are cloned out of the graph's
-memory so that a caller may keep them. Capture happens only when those copies are small
+are copied into static buffers before each replay. Outputs are copied out of the graph's
+memory (strides and aliasing kept) so that a caller may keep them. Capture happens only when those copies are small
 (the launch-bound case), and any failure falls back to plain launches for good.
 """
 
@@ -30,6 +30,36 @@ def enabled() -> bool:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _copy_out(values: list[Any]) -> list[Any]:
+    """Copies of a graph's outputs with their exact strides and aliasing: each storage the
+    outputs live in is copied once and the views are made again on the copy.
+
+    `Tensor.clone()` would not do: it makes a view with gaps (q, k and v as slices of one
+    qkv buffer, saved for the backward) dense, and the backward graph was traced against
+    the view's strides.
+    """
+    copies: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    result = []
+    for value in values:
+        if not isinstance(value, torch.Tensor):
+            result.append(value)
+            continue
+        storage = value.untyped_storage()
+        size = value.element_size()
+        if storage.nbytes() % size:  # not a storage of this dtype: exact strides anyway
+            out = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                      device=value.device)
+            result.append(out.copy_(value))
+            continue
+        key = (storage.data_ptr(), value.dtype)
+        if key not in copies:
+            whole = torch.empty(0, dtype=value.dtype, device=value.device)
+            whole.set_(storage, 0, (storage.nbytes() // size,), (1,))
+            copies[key] = whole.clone()
+        result.append(copies[key].as_strided(value.shape, value.stride(), value.storage_offset()))
+    return result
 
 
 class GraphRunner:
@@ -68,8 +98,8 @@ class GraphRunner:
 
     def _clone_outputs(self) -> Any:
         if isinstance(self.outputs, torch.Tensor):  # a graph whose output is one tensor
-            return self.outputs.clone()
-        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+            return _copy_out([self.outputs])[0]
+        return tuple(_copy_out(list(self.outputs)))
 
     def _capture(self, inputs: Sequence[Any], ptrs: list[int]) -> Any:
         assert self.first_ptrs is not None
@@ -99,7 +129,8 @@ class GraphRunner:
             self.failed = True
             return None
         flat = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
-        out_bytes = sum(_nbytes(o) for o in flat if isinstance(o, torch.Tensor))
+        out_bytes = sum({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
+                         for o in flat if isinstance(o, torch.Tensor)}.values())
         if copy_bytes + out_bytes > self.max_copy_bytes:
             self.failed = True
             return None

@@ -6,6 +6,7 @@ Each step reads and writes slots of an environment list (one slot per graph node
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -156,6 +157,18 @@ def _poison(t: torch.Tensor, fill: bool | float) -> None:
         t.view(torch.uint8).fill_(0x5A) if t.numel() else None
     else:
         t.fill_(torch.iinfo(t.dtype).min + 7)
+
+
+def runs_on_cpu() -> bool:
+    """Whether built kernels can run on CPU tensors in this process: only on Triton's
+    interpreter, that is with TRITON_INTERPRET=1 set before Triton was imported (otherwise
+    `tl.sum` and the other library functions stay compiled-only and fail there)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    except (ImportError, AttributeError):  # a Triton without knobs: its environment switch
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def is_interpreted(fn: Any) -> bool:

@@ -119,6 +119,10 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     eager (warned once). On the training thread, or the background one."""
     from torch.utils._python_dispatch import _disable_current_modes
 
+    if entry.device.type == "cpu" and not compiler.runs_on_cpu():
+        degrade.warn_once("cpu_eager")
+        degrade.count("eager")
+        return
     start = time.perf_counter()
     try:
         # Under dynamo the inputs are fake tensors; only their metadata is used here.

@@ -30,6 +30,8 @@ CAUSES: dict[str, str] = {
     "unsupported": "kiln cannot compile a graph (unsupported op or input)",
     "build_failed": "kiln's local build of a graph failed",
     "dynamic_shapes": "a graph has symbolic (dynamic) sizes",
+    "cpu_eager": "kiln runs CPU graphs only on Triton's interpreter (TRITON_INTERPRET=1, for "
+                 "tests), which is not on in this process",
     "cache": "the local schedule cache cannot be written",
     "config": "the kiln configuration is not valid",
 }
@@ -48,6 +50,7 @@ _ACTIONS: dict[str, str] = {
     "unsupported": "running it eagerly (plain PyTorch)",
     "build_failed": "running it eagerly (plain PyTorch)",
     "dynamic_shapes": "compiling one graph per concrete shape (see docs/client.md)",
+    "cpu_eager": "running CPU graphs eagerly (plain PyTorch, faster than the interpreter)",
     "cache": "continuing without it",
     "config": "running graphs eagerly (plain PyTorch) until it is fixed",
 }

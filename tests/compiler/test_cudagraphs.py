@@ -79,3 +79,32 @@ def test_big_copies_are_not_worth_a_graph(graph: _Graph) -> None:
     big = (cg.COPY_BYTES_PER_STEP * 2) // 4 + 1
     runner([torch.randn(big), torch.randn(1)])
     assert runner([torch.randn(big), torch.randn(1)]) is None and runner.failed
+
+
+def test_replayed_outputs_keep_the_strides_and_aliasing_of_views(graph: _Graph) -> None:
+    """q, k and v as slices of one qkv buffer (what a forward saves for its backward): the
+    copies out of the graph keep their strides, and still share one buffer."""
+
+    def run(xs: list[torch.Tensor]) -> object:
+        qkv, dense = torch.empty(2, 8, 3, 4), torch.empty(2, 8, 12)
+
+        def compute() -> None:
+            qkv.copy_((xs[0] * 3).view(2, 8, 3, 4))
+            dense.copy_(xs[0] + 1)
+
+        graph.fn = compute
+        compute()
+        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3)) + (dense,)
+
+    runner = cg.GraphRunner(run, steps=2)
+    runner([torch.randn(2, 8, 12)])
+    for _ in range(2):
+        x = torch.randn(2, 8, 12)
+        *views, dense = runner([x])
+        want = (x * 3).view(2, 8, 3, 4)
+        for i, view in enumerate(views):
+            assert view.stride() == want[:, :, i].transpose(1, 2).stride() == (96, 1, 12)
+            torch.testing.assert_close(view, want[:, :, i].transpose(1, 2))
+        assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+        assert views[0].untyped_storage().data_ptr() != runner.outputs[0].untyped_storage().data_ptr()
+        torch.testing.assert_close(dense, x + 1)

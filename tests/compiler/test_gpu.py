@@ -46,3 +46,21 @@ def test_gpu_case(name: str) -> None:
     other = [t.clone() for t in inputs]
     other[0].mul_(0.5)  # a moved, changed input: copied into the graph's buffer
     assert_matches(built(*other), fn(*other), tol)
+
+
+def test_precompile_loads_every_kernel_so_the_first_call_compiles_nothing() -> None:
+    fn, make, tol = CASES["layer_norm_gelu"]
+    inputs = [t.cuda() for t in make()]
+    gm = trace(fn, *inputs)
+    built = compiler.build(gm, None, inputs)
+    launches = built.launches()
+    assert built.precompile("cuda") == len(launches) > 0
+    device = torch.cuda.current_device()
+
+    def cached() -> int:
+        return sum(len(info.fn.device_caches[device][0]) for info in launches)
+
+    before = cached()
+    assert before >= len(launches)
+    assert_matches(built(*inputs), fn(*inputs), tol)
+    assert cached() == before  # the call found every kernel compiled and loaded

@@ -338,3 +338,16 @@ def test_cache_entries_are_json_schedules(kiln_state):
     for f in files:
         doc = json.loads(f.read_text())
         compiler.Schedule.from_json(doc["schedule"])
+
+
+def test_cpu_graphs_run_eagerly_without_the_interpreter(monkeypatch, kiln_warnings):
+    """Without TRITON_INTERPRET=1 Triton cannot run kiln's kernels on the CPU: eager, one
+    warning, nothing built, the same losses."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not compiler.runs_on_cpu()
+    kiln.configure(url=None)
+    want = train_mlp(steps=3, backend=None)
+    assert_close_losses(train_mlp(steps=3), want)
+    assert causes(kiln_warnings) == {"cpu_eager": 1}
+    stats = kiln.stats()
+    assert stats["builds"] == 0 and stats["eager"] == 2

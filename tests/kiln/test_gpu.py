@@ -23,7 +23,7 @@ def test_gpt_trains_on_cuda_through_kiln_like_eager(dtype):
     for name in ("eager", "kiln"):
         torch.manual_seed(0)
         model = GPT(cfg).to("cuda", dtype)
-        fn = torch.compile(model, backend="kiln") if name == "kiln" else model
+        fn = torch.compile(model, backend=kiln.remote_compile) if name == "kiln" else model
         losses[name] = train(fn, batches)  # the compiled module shares model's parameters
     tol = 1e-3 if dtype == torch.float32 else 3e-2
     for k, e in zip(losses["kiln"], losses["eager"], strict=True):
@@ -32,3 +32,22 @@ def test_gpt_trains_on_cuda_through_kiln_like_eager(dtype):
     assert {g.kind for g in graphs} == {"forward", "backward"}
     assert all(g.level == "heuristic" and g.target.device_type == "cuda" for g in graphs)
 
+
+
+def test_background_compile_on_cuda_trains_like_eager():
+    """KILN_BACKGROUND=1: eager steps, then kiln's kernels, all matching eager."""
+    kiln.configure(url=None, background=True)
+    cfg = GPTConfig(vocab=256, seq=64, d=128, heads=4, layers=1)
+    batches = gpt_batches(cfg, batch=4, steps=6, device="cuda")
+    losses = {}
+    for name in ("eager", "kiln"):
+        torch.manual_seed(0)
+        model = GPT(cfg).to("cuda")
+        fn = torch.compile(model, backend=kiln.remote_compile) if name == "kiln" else model
+        losses[name] = train(fn, batches[:3])
+        if name == "kiln":
+            assert kiln.wait_compiled(300)
+            assert {g.level for g in backend.compiled_graphs()} == {"heuristic"}
+        losses[name] += train(fn, batches[3:])  # on kiln's kernels for the kiln model
+    for k, e in zip(losses["kiln"], losses["eager"], strict=True):
+        assert abs(k - e) <= 1e-3 * max(1.0, abs(e)), losses
