@@ -32,8 +32,7 @@ log = logging.getLogger("kiln")
 
 _lock = threading.Lock()
 _resolvers: dict[kiln_config.Config, Resolver] = {}
-_poller: Poller | None = None
-_background: Compiler | None = None
+_threads: dict[str, Any] = {}  # "poller" and "compiler": each started on first use
 _compiled: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 
 
@@ -221,22 +220,21 @@ def compiled_graphs() -> list[CompiledGraph]:
         return list(_compiled)
 
 
+def _thread(name: str, start: Callable[[], Any]) -> Any:
+    with _lock:
+        if name not in _threads:
+            _threads[name] = start()
+        return _threads[name]
+
+
 def poller() -> Poller:
     """The process's background poller (started on first use)."""
-    global _poller
-    with _lock:
-        if _poller is None:
-            _poller = Poller()
-        return _poller
+    return _thread("poller", Poller)
 
 
 def background() -> Compiler:
     """The process's background compiler (`KILN_BACKGROUND=1`; started on first use)."""
-    global _background
-    with _lock:
-        if _background is None:
-            _background = Compiler()
-        return _background
+    return _thread("compiler", Compiler)
 
 
 def wait_compiled(timeout: float | None = None) -> bool:
@@ -244,21 +242,22 @@ def wait_compiled(timeout: float | None = None) -> bool:
     built, or has failed to be and runs eagerly; False if `timeout` seconds passed first.
     Returns True at once when nothing compiles in the background."""
     with _lock:
-        compiling = _background
+        compiling = _threads.get("compiler")
     return compiling is None or compiling.wait(timeout)
 
 
 def shutdown() -> None:
-    """Stop the background threads (after the compiles already queued), forget clients and
-    the list of compiled graphs (tests; before a fork). Compiled graphs keep working; they
-    just are not swapped any more."""
-    global _poller, _background
+    """Stop the background threads (the compiler after the jobs already queued), forget
+    clients and the list of compiled graphs (tests; before a fork). Compiled graphs keep
+    working; they just are not swapped any more."""
     with _lock:
-        p, _poller = _poller, None
-        b, _background = _background, None
+        compiling = _threads.pop("compiler", None)
+    if compiling is not None:
+        compiling.stop()  # first: its last jobs may hand graphs to the poller
+    with _lock:
+        threads = list(_threads.values())
+        _threads.clear()
         _resolvers.clear()
         _compiled.clear()
-    if b is not None:
-        b.stop()
-    if p is not None:
-        p.stop()
+    for thread in threads:
+        thread.stop()
