@@ -97,9 +97,9 @@ def test_replayed_outputs_keep_the_strides_and_aliasing_of_views(graph: _Graph) 
         return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3)) + (dense,)
 
     runner = cg.GraphRunner(run, steps=2)
-    runner([torch.randn(2, 8, 12)])
-    for _ in range(2):
-        x = torch.randn(2, 8, 12)
+    xs = [torch.randn(2, 8, 12) for _ in range(3)]  # all alive: three addresses
+    runner([xs[0]])
+    for x in xs[1:]:
         *views, dense = runner([x])
         want = (x * 3).view(2, 8, 3, 4)
         for i, view in enumerate(views):
