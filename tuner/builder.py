@@ -191,7 +191,8 @@ def precompile(
     # Always in spawned workers: a process that has run kernels in the Triton interpreter
     # has triton.language patched for it, and no longer compiles for a real GPU.
     with ProcessPoolExecutor(
-        max_workers=max(1, workers), mp_context=mp.get_context("spawn")
+        max_workers=max(1, workers), mp_context=mp.get_context("spawn"),
+        initializer=_init_worker, initargs=("cpu",),
     ) as pool:
         results = list(pool.map(_compile_one, *zip(*args, strict=True)))
     return {c: r["error"] for c, r in zip(candidates, results, strict=True)}
