@@ -41,7 +41,7 @@ class Compiler:
         whatever it raises is warned once (the graph stays as it is)."""
         with self._lock:
             self._pending += 1
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # first use, or a fork
                 self._thread = threading.Thread(target=self._run, name="kiln-compile",
                                                 daemon=True)
                 self._thread.start()
