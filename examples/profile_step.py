@@ -51,6 +51,17 @@ def main() -> int:
     for _ in range(3):  # compile, CUDA graph capture, warm
         fn(x).backward(grad)
     torch.cuda.synchronize()
+    times = []
+    for _ in range(20):  # unprofiled, for the record
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(x).backward(grad)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    print(f"{args.backend}: median step {sorted(times)[len(times) // 2]:.3f} ms over 20 "
+          f"(KILN_CUDA_GRAPHS={os.environ['KILN_CUDA_GRAPHS']})", flush=True)
     if args.cpu:
         import cProfile
         import io
