@@ -93,3 +93,29 @@ def test_a_bad_kiln_background_value_is_named(monkeypatch):
     monkeypatch.setenv("KILN_BACKGROUND", "sometimes")
     with pytest.raises(ValueError, match="KILN_BACKGROUND='sometimes'"):
         kiln_config.current()
+
+
+def test_dynamic_shapes_compile_per_shape_in_the_background(kiln_warnings):
+    """Per-shape specialising (make_fx, on the training thread) and background builds of
+    earlier shapes run side by side; every gradient matches eager."""
+    import torch
+
+    from examples.models import SeedMLP
+
+    kiln.configure(url=None, background=True)
+    torch.manual_seed(0)
+    model = SeedMLP(16, 32, 10)
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    for batch in (3, 5, 3, 5):
+        x = torch.randn(batch, 16)
+        model.zero_grad()
+        compiled(x).square().sum().backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).square().sum().backward()
+        for g, p in zip(got, model.parameters(), strict=True):
+            torch.testing.assert_close(g, p.grad)
+    assert kiln.wait_compiled(120)
+    assert causes(kiln_warnings) == {"dynamic_shapes": 1}
+    stats = kiln.stats()
+    assert stats["schedules_local"] == 4 and stats["builds"] == 4 and stats["eager"] == 0, stats
