@@ -63,3 +63,17 @@ def assert_close_losses(got: list[float], want: list[float], rtol: float = 1e-4)
     assert len(got) == len(want)
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         assert abs(g - w) <= rtol * max(1.0, abs(w)), f"step {step}: kiln {g} vs eager {w}"
+
+
+def check_grads_per_batch(compiled, model: torch.nn.Module, batches: tuple[int, ...]) -> None:
+    """For inputs of each batch size in turn, the compiled model's parameter gradients
+    equal eager's (the shapes change, so a dynamic graph compiles per shape)."""
+    for batch in batches:
+        x = torch.randn(batch, 16)
+        model.zero_grad()
+        compiled(x).square().sum().backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).square().sum().backward()
+        for g, p in zip(got, model.parameters(), strict=True):
+            torch.testing.assert_close(g, p.grad)

@@ -17,7 +17,13 @@ from examples.models import SeedMLP
 from kiln import backend
 from kiln.cache import ScheduleCache
 from tests.kiln.fake_http import FakeServer, json_reply
-from tests.kiln.helpers import assert_close_losses, causes, free_port, train_mlp
+from tests.kiln.helpers import (
+    assert_close_losses,
+    causes,
+    check_grads_per_batch,
+    free_port,
+    train_mlp,
+)
 
 pytestmark = pytest.mark.usefixtures("kiln_state")
 
@@ -264,15 +270,7 @@ def test_dynamic_shapes_warn_once_and_compile_per_concrete_shape(kiln_warnings):
     torch.manual_seed(0)
     model = SeedMLP(16, 32, 10)
     compiled = torch.compile(model, backend="kiln", dynamic=True)
-    for batch in (3, 5, 3):
-        x = torch.randn(batch, 16)
-        model.zero_grad()
-        compiled(x).square().sum().backward()
-        got = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad()
-        model(x).square().sum().backward()
-        for g, p in zip(got, model.parameters(), strict=True):
-            torch.testing.assert_close(g, p.grad)
+    check_grads_per_batch(compiled, model, (3, 5, 3))
     assert causes(kiln_warnings) == {"dynamic_shapes": 1}
     stats = kiln.stats()
     # forward and backward, once per concrete shape (3 and 5), reused for the second 3

@@ -11,7 +11,13 @@ import compiler
 import kiln
 from kiln import backend
 from kiln import config as kiln_config
-from tests.kiln.helpers import assert_close_losses, causes, train_gpt, train_mlp
+from tests.kiln.helpers import (
+    assert_close_losses,
+    causes,
+    check_grads_per_batch,
+    train_gpt,
+    train_mlp,
+)
 
 pytestmark = pytest.mark.usefixtures("kiln_state")
 
@@ -106,15 +112,7 @@ def test_dynamic_shapes_compile_per_shape_in_the_background(kiln_warnings):
     torch.manual_seed(0)
     model = SeedMLP(16, 32, 10)
     compiled = torch.compile(model, backend="kiln", dynamic=True)
-    for batch in (3, 5, 3, 5):
-        x = torch.randn(batch, 16)
-        model.zero_grad()
-        compiled(x).square().sum().backward()
-        got = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad()
-        model(x).square().sum().backward()
-        for g, p in zip(got, model.parameters(), strict=True):
-            torch.testing.assert_close(g, p.grad)
+    check_grads_per_batch(compiled, model, (3, 5, 3, 5))
     assert kiln.wait_compiled(120)
     assert causes(kiln_warnings) == {"dynamic_shapes": 1}
     stats = kiln.stats()
