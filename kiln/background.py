@@ -47,11 +47,6 @@ class Compiler:
                 self._thread.start()
         self._jobs.put(job)
 
-    def pending(self) -> int:
-        """Jobs handed over and not finished yet."""
-        with self._lock:
-            return self._pending
-
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every job handed over has finished; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
