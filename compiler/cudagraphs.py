@@ -3,8 +3,9 @@
 The second call of a `Built` on CUDA captures its launches into one CUDA graph. Inputs
 whose memory is the same as on the first call (parameters) are read in place; the others
 are copied into static buffers before each replay. Outputs are copied out of the graph's
-memory (strides and aliasing kept) so that a caller may keep them. Capture happens only when those copies are small
-(the launch-bound case), and any failure falls back to plain launches for good.
+memory (strides and aliasing kept) so that a caller may keep them. Capture happens only
+when those copies are small (the launch-bound case), and any failure falls back to plain
+launches for good.
 """
 
 from __future__ import annotations

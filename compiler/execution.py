@@ -6,7 +6,6 @@ Each step reads and writes slots of an environment list (one slot per graph node
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -163,12 +162,9 @@ def runs_on_cpu() -> bool:
     """Whether built kernels can run on CPU tensors in this process: only on Triton's
     interpreter, that is with TRITON_INTERPRET=1 set before Triton was imported (otherwise
     `tl.sum` and the other library functions stay compiled-only and fail there)."""
-    try:
-        from triton import knobs
+    from triton import knobs
 
-        return bool(knobs.runtime.interpret)
-    except (ImportError, AttributeError):  # a Triton without knobs: its environment switch
-        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return bool(knobs.runtime.interpret)
 
 
 def is_interpreted(fn: Any) -> bool:

@@ -96,10 +96,10 @@ def _child(args: argparse.Namespace) -> None:
     # Background compiles (KILN_BACKGROUND=1): training goes on eagerly until the compiled
     # graphs are in; the first step that starts after that runs on kiln's kernels.
     eager_steps = 0
-    if kiln_case and not kiln.backend.wait_compiled(0):
-        while not kiln.backend.wait_compiled(0):
-            step()
-            eager_steps += 1
+    while kiln_case and not kiln.backend.wait_compiled(0):
+        step()
+        eager_steps += 1
+    if eager_steps:
         x.grad = None
         out = step()
     compiled_done = time.time()

@@ -23,16 +23,15 @@ LEVELS = {"eager": 0, "heuristic": 1, "tuned": 2}
 class CompiledGraph:
     """A graph's current implementation plus what kiln knows about it."""
 
-    def __init__(self, gm: torch.fx.GraphModule, key: str | None = None,
-                 graph: Any = None, wire: dict[str, Any] | None = None,
-                 target: Any = None, kind: str = "inference",
+    def __init__(self, gm: torch.fx.GraphModule, kind: str = "inference",
                  device: torch.device | None = None) -> None:
         self.gm = gm
         self.kind = kind  # forward | backward | inference
-        self.key = key
-        self.graph = graph  # compiler.Graph
-        self.wire = wire  # the kiln.graph/1 dict sent to the service
-        self.target = target  # compiler.Target
+        # Set by describe() once kiln has converted the graph:
+        self.key: str | None = None
+        self.graph: Any = None  # compiler.Graph
+        self.wire: dict[str, Any] | None = None  # the kiln.graph/1 dict sent to the service
+        self.target: Any = None  # compiler.Target
         self.device = device or torch.device("cpu")  # where the kernels run
         self.level = "eager"
         self.origin = "eager"  # eager | local | cache | service

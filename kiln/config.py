@@ -130,7 +130,8 @@ def configure(reset: bool = False, **options: Any) -> Config:
 
     Accepts any `Config` field (`url`, `token`, `mode`, `cache_dir`, `connect_timeout`,
     `request_timeout`, `wait_timeout`, `poll_interval`, `poll_for`, `retries`, `tag`,
-    `cache`, `background`). `reset=True` first forgets earlier calls. Returns the resulting config.
+    `cache`, `background`). `reset=True` first forgets earlier calls. Returns the resulting
+    config.
     """
     unknown = set(options) - _FIELDS
     if unknown:

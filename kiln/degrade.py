@@ -110,8 +110,8 @@ def stats() -> dict[str, float]:
     - `fallback:<cause>`: how often each degrade cause happened
     - `seconds:<step>`: time spent per compile step: `wire` (convert and key), `resolve`
       (cache, service, build), `build` (code generation), `precompile` (Triton compiles and
-      loads the kernels), `background` (all of that, for the
-      graphs resolved off the training thread)
+      loads the kernels), `background` (all of that, for graphs resolved off the training
+      thread)
     """
     with _lock:
         result: dict[str, float] = {k: 0 for k in ("schedules_local", "schedules_fetched",

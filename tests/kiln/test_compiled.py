@@ -17,7 +17,7 @@ def _gm() -> torch.fx.GraphModule:
 
 def test_install_only_moves_up_and_counts_swaps():
     degrade.reset()
-    g = CompiledGraph(_gm(), key="k" * 64)
+    g = CompiledGraph(_gm())
     x = torch.zeros(2)
     assert g([x])[0].tolist() == [1.0, 1.0]  # eager: the graph itself
     assert g.install(lambda x: (x + 2,), "heuristic", "local")
