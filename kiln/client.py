@@ -1,8 +1,9 @@
 """HTTP client to the kiln service (standard library only: a training node stays light).
 
-Every request is bounded: a connect timeout, a per-request deadline (a server that trickles
-bytes is cut off too), and a few retries with backoff for connection errors, 429 and 502-504,
-never past the deadline. Every failure is a `ServiceError` whose `cause` is one of
+Every request is bounded: each exchange (connect, send, status line, headers, body) has one
+deadline, `request_timeout` from its start, and every socket operation waits at most the time
+left until it, so a server that trickles bytes is cut off at the deadline too. A few retries
+with backoff for connection errors, 429 and 502-504, never past the overall deadline. Every failure is a `ServiceError` whose `cause` is one of
 `degrade.CAUSES`, so the backend can warn once per cause. Answers are validated before
 anything uses them: a malformed answer is an error, never a crash later.
 """
@@ -10,6 +11,7 @@ anything uses them: a malformed answer is an error, never a crash later.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import ssl
@@ -121,8 +123,9 @@ class ServiceClient:
         attempt = 0
         while True:
             retry_ok = attempt < self.retries and time.monotonic() + delay < deadline
+            exchange_deadline = min(deadline, time.monotonic() + self.request_timeout)
             try:
-                status, raw = self._once(method, path, data, deadline)
+                status, raw = self._once(method, path, data, exchange_deadline)
             except ServiceError as exc:
                 if not retry_ok or exc.cause != "unreachable":
                     raise
@@ -137,6 +140,7 @@ class ServiceClient:
 
     def _once(self, method: str, path: str, data: bytes | None,
               deadline: float) -> tuple[int, bytes]:
+        """One exchange, all of it (connect included) done by `deadline` or a timeout."""
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if data is not None:
             headers["Content-Type"] = "application/json"
@@ -144,10 +148,12 @@ class ServiceClient:
             headers["Authorization"] = f"Bearer {self.token}"
         conn_cls = (http.client.HTTPSConnection if self._scheme == "https"
                     else http.client.HTTPConnection)
-        kwargs: dict[str, Any] = {"timeout": self.connect_timeout}
+        connect_s = max(0.01, min(self.connect_timeout, deadline - time.monotonic()))
+        kwargs: dict[str, Any] = {"timeout": connect_s}
         if self._scheme == "https":
             kwargs["context"] = ssl.create_default_context()
         conn = conn_cls(self._host, self._port, **kwargs)
+        resp = None
         try:
             try:
                 conn.connect()
@@ -155,13 +161,12 @@ class ServiceClient:
                 raise ServiceError("unreachable", f"connect to {self.url} timed out") from exc
             except OSError as exc:
                 raise ServiceError("unreachable", f"cannot connect to {self.url}: {exc}") from exc
-            remaining = max(0.05, min(self.request_timeout, deadline - time.monotonic()))
             assert conn.sock is not None
-            conn.sock.settimeout(remaining)
+            conn.sock = _DeadlineSocket(conn.sock, deadline)
             try:
                 conn.request(method, self._base + path, body=data, headers=headers)
                 resp = conn.getresponse()
-                raw = _read_bounded(resp, deadline)
+                raw = _read_bounded(resp)
             except TimeoutError as exc:
                 raise ServiceError("timeout", f"{method} {path}: no answer in time") from exc
             except (OSError, http.client.HTTPException) as exc:
@@ -169,6 +174,8 @@ class ServiceClient:
                 cause = "unreachable" if isinstance(exc, ConnectionError) else "malformed"
                 raise ServiceError(cause, f"{method} {path}: {exc!r}") from exc
         finally:
+            if resp is not None:
+                resp.close()
             conn.close()
         return resp.status, raw
 
@@ -192,12 +199,10 @@ def _decode(method: str, path: str, status: int, raw: bytes) -> Any:
                            f"that is not JSON: {raw[:80]!r}") from exc
 
 
-def _read_bounded(resp: http.client.HTTPResponse, deadline: float) -> bytes:
+def _read_bounded(resp: http.client.HTTPResponse) -> bytes:
     chunks: list[bytes] = []
     total = 0
     while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError("answer took longer than the request deadline")
         chunk = resp.read(65536)
         if not chunk:
             return b"".join(chunks)
@@ -205,6 +210,56 @@ def _read_bounded(resp: http.client.HTTPResponse, deadline: float) -> bytes:
         if total > MAX_ANSWER_BYTES:
             raise ServiceError("malformed", f"answer larger than {MAX_ANSWER_BYTES} bytes")
         chunks.append(chunk)
+
+
+class _DeadlineSocket:
+    """A connected socket whose every send and receive may wait only the time left until
+    one deadline. `http.client` sets one timeout per socket operation, so a server sending a
+    byte just inside it would otherwise hold an exchange forever; this is all it calls."""
+
+    def __init__(self, sock: Any, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def _arm(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the exchange passed its deadline")
+        self._sock.settimeout(left)
+
+    def sendall(self, data: bytes) -> None:
+        self._arm()
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str = "rb") -> io.BufferedReader:
+        if mode != "rb":
+            raise ValueError(f"only 'rb' is supported, not {mode!r}")
+        # An unbuffered socket file keeps the socket's own reference count, so the
+        # connection closing before the response is read does not close the descriptor.
+        return io.BufferedReader(_DeadlineReader(self._sock.makefile("rb", buffering=0),
+                                                 self._arm))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The raw stream under the response's buffered reader: each read armed first."""
+
+    def __init__(self, raw: Any, arm: Any) -> None:
+        super().__init__()
+        self._raw, self._arm = raw, arm
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._arm()
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
 
 
 def _parse_answer(doc: Any, key: str, http_status: int) -> Answer:

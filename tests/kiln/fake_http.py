@@ -1,4 +1,4 @@
-"""A tiny scriptable HTTP server for client fault tests (garbage, 5xx, slow, hangs).
+"""Tiny scriptable HTTP servers for client fault tests (garbage, 5xx, slow, hangs, trickles).
 
 `handler(method, path, body) -> (status, headers, bytes)` decides each answer (status 0:
 close the connection without one); every request is recorded in `requests` as
@@ -9,6 +9,7 @@ service start it.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -81,3 +82,55 @@ class FakeServer:
         """Stop serving and close the socket (later connections are refused)."""
         self._server.shutdown()
         self._server.server_close()
+
+
+class TricklingServer:
+    """Answer every connection with raw bytes (status line, headers, body) after reading the
+    request head: `prefix` at once, then `trickle` one byte every `interval` seconds, a
+    server never silent for long but never done. `served` counts the trickled bytes sent."""
+
+    def __init__(self, prefix: bytes, trickle: bytes, interval: float) -> None:
+        self.prefix, self.trickle, self.interval, self.served = prefix, trickle, interval, 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._stop = threading.Event()
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head and not self._stop.is_set():
+                data = conn.recv(65536)
+                if not data:
+                    return
+                head += data
+            try:
+                conn.sendall(self.prefix)
+            except OSError:
+                return
+            for i in range(len(self.trickle)):
+                if self._stop.wait(self.interval):
+                    return
+                try:
+                    conn.sendall(self.trickle[i:i + 1])
+                except OSError:
+                    return  # the client gave up
+                self.served += 1
+
+    def __enter__(self) -> TricklingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close()

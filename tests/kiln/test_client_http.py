@@ -3,12 +3,13 @@ bounded time, retries for connection errors and 5xx only."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from kiln.client import ServiceClient, ServiceError
-from tests.kiln.fake_http import FakeServer, json_reply
+from tests.kiln.fake_http import FakeServer, TricklingServer, json_reply
 from tests.kiln.helpers import free_port
 
 KEY = "ab" * 32
@@ -108,6 +109,27 @@ def test_a_hanging_server_times_out_without_hanging_the_client():
         elapsed = time.monotonic() - start
     assert info.value.cause == "timeout"
     assert elapsed < 1.5  # timeouts are not retried: no hang beyond the configured bound
+
+
+_BODY = json.dumps({"key": KEY, "status": "heuristic", "schedule": SCHEDULE}).encode()
+_HEAD = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+         f"Content-Length: {len(_BODY)}\r\n\r\n").encode()
+
+
+@pytest.mark.parametrize("slow_part", ["headers", "body"])
+def test_a_trickling_server_is_cut_at_the_exchange_deadline(slow_part):
+    # One byte every 0.1 s: never silent for as long as a socket timeout, never done. The
+    # deadline covers the whole exchange, status line and headers as much as the body.
+    prefix, trickle = (b"", _HEAD + _BODY) if slow_part == "headers" else (_HEAD, _BODY)
+    with TricklingServer(prefix, trickle, interval=0.1) as srv:
+        client = _client(srv.url, request_timeout=1.0, retries=2)
+        start = time.monotonic()
+        with pytest.raises(ServiceError) as info:
+            client.schedule(KEY)
+        elapsed = time.monotonic() - start
+    assert info.value.cause == "timeout"
+    assert 0.9 < elapsed < 1.5  # one exchange's deadline; a timeout is not retried
+    assert 0 < srv.served < len(trickle)
 
 
 def test_url_must_be_http():
