@@ -1,7 +1,8 @@
-"""The `kiln` command: serve, worker, token, db, tune.
+"""The `kiln` command: serve, worker, token, db, stats, cache, tune.
 
 Service and tuner modules are imported inside the commands that need them, so the client
-package stays importable without the web stack.
+package stays importable without the web stack. Every error a user can cause ends the
+command with one line (`kiln <command>: what happened; what to do`), never a traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ import argparse
 import logging
 import os
 import re
+import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
+DISTRIBUTION = "kiln-compile"  # the name on the package index; the import names stay kiln, ...
+ADMIN_TOKEN_FILE = "admin-token"  # beside the embedded SQLite database, mode 0600
 
 
 def _settings(**overrides: Any) -> Any:
@@ -24,7 +29,102 @@ def _settings(**overrides: Any) -> Any:
     try:
         return Settings.from_env(**overrides)
     except ValidationError as exc:
-        raise SystemExit(f"kiln: invalid configuration: {exc}") from None
+        hint = " (write postgresql://, not postgres://)" if os.environ.get(
+            "KILN_DATABASE_URL", "").startswith("postgres://") else ""
+        raise SystemExit(f"kiln: invalid configuration: {_validation_text(exc)}{hint}") from None
+    except RuntimeError as exc:  # no writable place for the default database
+        raise SystemExit(f"kiln: {exc}") from None
+
+
+def _validation_text(exc: Any) -> str:
+    """pydantic's errors as `KILN_<FIELD>: reason; ...` on one line."""
+    parts = []
+    for error in exc.errors():
+        variable = "KILN_" + "_".join(str(p) for p in error["loc"]).upper()
+        reason = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(reason if reason.startswith(variable) else f"{variable}: {reason}")
+    return "; ".join(parts)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's text (drivers add hints on later lines)."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+
+
+def _where(url: str) -> str:
+    """A database URL without its credentials, for messages."""
+    return url.split("@")[-1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on, before anything is registered or printed
+    (uvicorn would fail only after the app started)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(f"kiln serve: cannot listen on {host}:{port}: {exc.strerror}; is "
+                             "another kiln serve running? Choose another --port") from None
+
+
+def admin_token_file(database_url: str) -> Path | None:
+    """Where the embedded default keeps its admin token: beside its SQLite file (None for
+    an in-memory SQLite database or PostgreSQL, which set KILN_ADMIN_TOKEN instead)."""
+    prefix = "sqlite:///"
+    if not database_url.startswith(prefix) or database_url in (prefix, prefix + ":memory:"):
+        return None
+    return Path(database_url.removeprefix(prefix)).parent / ADMIN_TOKEN_FILE
+
+
+def persistent_admin_token(path: Path) -> tuple[str, bool]:
+    """The admin token stored at `path` (created, readable by this user only, when absent),
+    so a restart keeps the operator logged in. Returns (token, whether it was created)."""
+    from service.auth import new_token
+
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        return token, False
+    token = new_token()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, True
+
+
+def _admin_token(settings: Any) -> Any:
+    """Settings with an admin token: KILN_ADMIN_TOKEN, else the embedded default's stored
+    one, else one for this run only. Prints where the operator finds it."""
+    if settings.admin_token:
+        return settings
+    path = admin_token_file(settings.database_url)
+    if path is None:
+        from service.auth import new_token
+
+        token = new_token()
+        print(f"kiln: admin token for this run (set KILN_ADMIN_TOKEN to keep one): {token}",
+              flush=True)
+    else:
+        token, created = persistent_admin_token(path)
+        if created:
+            print(f"kiln: new admin token, kept in {path} for later starts: {token}", flush=True)
+        else:
+            print(f"kiln: admin token in {path} (set KILN_ADMIN_TOKEN to choose one)",
+                  flush=True)
+    return settings.model_copy(update={"admin_token": token})
+
+
+def _dashboard_url(settings: Any) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.port}/admin"
 
 
 def _require_migrated(url: str) -> None:
@@ -32,27 +132,23 @@ def _require_migrated(url: str) -> None:
 
     problem = pending(url)
     if problem:
-        raise SystemExit(f"kiln: {problem}")
+        raise SystemExit(f"kiln: {_one_line(RuntimeError(problem))} (database {_where(url)})")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """API + (embedded) worker in one process."""
-    import secrets
-
     settings = _settings(host=args.host, port=args.port)
-    if not settings.admin_token:
-        settings = settings.model_copy(update={"admin_token": "kiln_" + secrets.token_urlsafe(32)})
-        print(f"kiln: admin token for this run (set KILN_ADMIN_TOKEN to choose one): "
-              f"{settings.admin_token}", flush=True)
+    embedded = settings.redis_url is None or args.worker
+    if args.workers > 1 and embedded:
+        raise SystemExit("kiln serve: --workers > 1 needs KILN_REDIS_URL (the processes share "
+                         "its queue) and no --worker; run `kiln worker` processes instead")
+    check_port_free(settings.host, settings.port)
     if settings.database_url.startswith("sqlite"):
         from service.migrate import upgrade
 
         upgrade(settings.database_url)  # embedded default: the SQLite file needs no setup step
     _require_migrated(settings.database_url)
-    embedded = settings.redis_url is None or args.worker
-    if args.workers > 1 and embedded:
-        raise SystemExit("kiln serve: --workers > 1 needs KILN_REDIS_URL (the processes share "
-                         "its queue) and no --worker; run `kiln worker` processes instead")
+    settings = _admin_token(settings)
     if embedded:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU targets are checked on the interpreter
     import uvicorn
@@ -63,6 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{settings.database_url.split('@')[-1]}; queue "
           f"{'redis' if settings.redis_url else 'in-process'}; {args.workers} process(es)",
           flush=True)
+    print(f"kiln: dashboard {_dashboard_url(settings)} (log in with the admin token)", flush=True)
     if args.workers > 1:
         # Each process builds its app from the environment: hand it what this one decided.
         os.environ.update(KILN_ADMIN_TOKEN=settings.admin_token, KILN_HOST=settings.host,
@@ -89,6 +186,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from service.worker import Worker, install_signal_handlers
 
     settings = _settings()
+    if settings.redis_url is None:
+        raise SystemExit("kiln worker: KILN_REDIS_URL is not set, so no API could hand this "
+                         "worker a job; set it to the API's Redis (`kiln serve` alone already "
+                         "runs a build worker in its own process)")
     _require_migrated(settings.database_url)
     ctx = ServiceContext(settings)
     try:
@@ -110,10 +211,52 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     from service.context import ServiceContext
 
     ctx = ServiceContext(_settings())
-    with ctx.transaction() as session:
-        token = create_token(session, args.role, args.name)
-    ctx.close()
+    try:
+        with ctx.transaction() as session:
+            token = create_token(session, args.role, args.name)
+    finally:
+        ctx.close()
     print(token)
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    """List the stored tokens (id, role, name, created, revoked); never a token itself."""
+    from sqlalchemy import select
+
+    from service.context import ServiceContext
+    from service.models import TokenRow
+    from tuner.report import table
+
+    ctx = ServiceContext(_settings())
+    try:
+        with ctx.transaction() as session:
+            rows = [[str(t.id), t.role, t.name or "-", t.created_at.strftime("%Y-%m-%d %H:%M"),
+                     "revoked" if t.revoked else "active"]
+                    for t in session.scalars(select(TokenRow).order_by(TokenRow.id))]
+    finally:
+        ctx.close()
+    print(table(["id", "role", "name", "created (UTC)", "state"], rows) if rows else
+          "kiln: no tokens yet (`kiln token create --role client|admin`)")
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    """Revoke a token by its id (`kiln token list`); the API stops accepting it within 30 s."""
+    from service.context import ServiceContext
+    from service.models import TokenRow
+
+    ctx = ServiceContext(_settings())
+    try:
+        with ctx.transaction() as session:
+            row = session.get(TokenRow, args.id)
+            if row is None:
+                raise SystemExit(f"kiln token revoke: no token with id {args.id} "
+                                 "(see `kiln token list`)")
+            row.revoked = True
+    finally:
+        ctx.close()
+    print(f"kiln: token {args.id} revoked")
     return 0
 
 
@@ -134,9 +277,49 @@ def cmd_tune(argv: list[str]) -> int:
     return int(tune_main(argv) or 0)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{version(DISTRIBUTION)} ({DISTRIBUTION})"
+    except PackageNotFoundError:
+        return "(not installed as a distribution: running from a source tree)"
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run a subcommand; a database or Redis that cannot be reached is one line, not a
+    traceback (a missing database, a refused connection, a wrong password)."""
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:
+        reason = _service_error(exc)
+        if reason is None:
+            raise
+        words = [args.command, getattr(args, "token_command", None), getattr(args, "db_command", None),
+                 getattr(args, "cache_command", None)]
+        raise SystemExit(f"kiln {' '.join(w for w in words if w)}: {reason}") from None
+
+
+def _service_error(exc: Exception) -> str | None:
+    """A sentence for an unreachable database or queue, or None for any other error."""
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from sqlalchemy.exc import DBAPIError
+
+        from service.queue import QueueUnavailable
+    except ImportError:  # the client install: no service commands ran
+        return None
+    if isinstance(exc, DBAPIError):
+        return f"database error: {_one_line(exc)}; check KILN_DATABASE_URL (does the database exist?)"
+    if isinstance(exc, RedisConnectionError | QueueUnavailable):
+        return f"cannot reach Redis (KILN_REDIS_URL): {_one_line(exc)}"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="kiln", description="kiln: remote torch.compile service")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--log-level", default=os.environ.get("KILN_LOG_LEVEL", "info"),
                         choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -157,9 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
     token = sub.add_parser("token", help="manage API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = token_sub.add_parser("create", help="create a token and print it once")
-    create.add_argument("--role", choices=["client", "admin"], default="client")
+    create.add_argument("--role", choices=["client", "admin"], required=True,
+                        help="client: submit and fetch schedules; admin: dashboard and admin API")
     create.add_argument("--name", default=None, help="a note to recognise the token by")
     create.set_defaults(func=cmd_token_create)
+    token_sub.add_parser("list", help="list tokens (never the tokens themselves)").set_defaults(
+        func=cmd_token_list)
+    revoke = token_sub.add_parser("revoke", help="revoke a token by its id")
+    revoke.add_argument("id", type=int, help="the token's id in `kiln token list`")
+    revoke.set_defaults(func=cmd_token_revoke)
 
     db = sub.add_parser("db", help="database maintenance")
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -188,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         configure(args.log_level)
     if args.command == "tune":
         return cmd_tune(rest)
-    return int(args.func(args) or 0)
+    return _run(args)
 
 
 if __name__ == "__main__":

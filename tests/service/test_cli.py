@@ -62,6 +62,7 @@ def test_compose_runs_migrations_first_and_checks_health() -> None:
 def test_serve_and_worker_refuse_an_unmigrated_database(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # `kiln worker --device cpu` sets it; restore
+    monkeypatch.setenv("KILN_REDIS_URL", "redis://127.0.0.1:1")  # checked after the database
     monkeypatch.setenv("KILN_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
     with pytest.raises(SystemExit, match="cannot reach the database"):
         main(["worker", "--device", "cpu"])

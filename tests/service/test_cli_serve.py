@@ -1,0 +1,57 @@
+"""`kiln serve` on a busy port fails before it registers anything; the embedded default
+keeps its admin token across restarts and prints where the dashboard is."""
+
+from __future__ import annotations
+
+import socket
+import stat
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, inspect, text
+
+from tests.service.helpers import Proc, free_port, service_env, start_api
+
+
+def test_busy_port_fails_at_once_and_registers_no_worker(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = Proc(["serve", "--port", str(port)], service_env(KILN_DATABASE_URL=url),
+                    tmp_path / "serve.log")
+        proc.popen.wait(60)
+        proc.stop()
+    log = proc.log()
+    assert proc.popen.returncode == 1, log
+    assert f"cannot listen on 127.0.0.1:{port}" in log and "Traceback" not in log
+    assert "serving on" not in log
+    engine = create_engine(url)
+    if "workers" in inspect(engine).get_table_names():
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM workers")).scalar_one() == 0
+    engine.dispose()
+
+
+def test_admin_token_survives_a_restart_and_the_dashboard_url_is_printed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    tokens, logs = [], []
+    for _ in range(2):
+        port = free_port()
+        proc, base = start_api(tmp_path, port, KILN_DATABASE_URL=url)
+        try:
+            log = proc.log()
+            assert f"dashboard http://127.0.0.1:{port}/admin" in log
+            token = (tmp_path / "admin-token").read_text().strip()
+            answer = httpx.get(base + "/v1/admin/stats", timeout=10,
+                               headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 200
+            tokens.append(token)
+            logs.append(log)
+        finally:
+            proc.stop()
+    assert tokens[0] == tokens[1]
+    assert "new admin token" in logs[0] and tokens[0] in logs[0]
+    assert tokens[0] not in logs[1]  # a restart says where the token is, not the token
+    assert stat.S_IMODE((tmp_path / "admin-token").stat().st_mode) == 0o600
