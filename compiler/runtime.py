@@ -90,6 +90,7 @@ class BuiltKernel:
     source_hash: str
     nodes: tuple[str, ...]
     ops: tuple[str, ...]
+    triton: bool = True  # launches generated Triton code (False: an ATen call and nothing else)
 
 
 def _grid(group: KernelGroup, variant: str, config: dict[str, int]) -> tuple[int, ...]:
@@ -278,9 +279,11 @@ def _reads(step: Any) -> list[int]:
 
 
 def _comment(program: Program, group: KernelGroup, variant: str) -> list[str]:
-    lines = [f"{group.kind} kernel, variant {variant}; fused aten nodes:"]
+    """The kernel's opening comment: the aten ops it fuses, without node names, which
+    depend on the kernel's place in the graph (they are in `BuiltKernel.nodes`)."""
+    lines = [f"{group.kind} kernel, variant {variant}; fused aten ops:"]
     for name in program.origin_names(group.members + group.inlined):
-        lines.append(f"  {name}: {program.original_ops[name]}")
+        lines.append(f"  {program.original_ops[name]}")
     return lines
 
 
@@ -331,16 +334,16 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
             constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
             options = {k: config[k] for k in ("num_warps", "num_stages")}
             outs = [(slots[n], meta(n).shape, meta(n).stride, meta(n).dtype) for n in gen.outputs]
-            launch = Launch(gen.name, fn, [slots[n] for n in gen.inputs], outs,
+            launch = Launch(choice.name, fn, [slots[n] for n in gen.inputs], outs,
                              _grid(group, choice.variant, config), constexprs, options)
         if choice.kind == "matmul" and choice.variant == "aten":
-            by_group[id(group)] = AtenMatmul(gen.name, Call(group.anchors[0], slots), launch)
+            by_group[id(group)] = AtenMatmul(choice.name, Call(group.anchors[0], slots), launch)
         else:
             by_group[id(group)] = launch
         kernels.append(BuiltKernel(
             name=choice.name, kind=choice.kind, variant=choice.variant, config=dict(choice.config),
             source=gen.source, source_hash=digest, nodes=nodes,
-            ops=tuple(program.original_ops[n] for n in nodes)))
+            ops=tuple(program.original_ops[n] for n in nodes), triton=launch is not None))
         choices.append(replace(choice, source_hash=digest))
     aten_mms = [g.anchors[0] for g, c in zip(groups, choices, strict=True)
                 if g.kind == "matmul" and c.variant == "aten"]

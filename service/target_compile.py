@@ -105,7 +105,7 @@ def _drop_pool(kill: bool) -> None:
 
 def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
     """Compile every Triton kernel of `built` (a `compiler.Built`) for the CUDA `target`;
-    kernel name -> compile facts. Raises `TargetCompileError` naming the kernel, the
+    kernel name -> compile facts (kernels that are ATen calls alone have none). Raises `TargetCompileError` naming the kernel, the
     target and the reason when one does not compile or does not fit. Needs a process
     whose Triton was imported with the interpreter off (see `compile_schedule`)."""
     from tuner import aot
@@ -130,7 +130,8 @@ def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
                 f"kernel {spec.kernel} does not fit {target.arch}: {found['registers']} registers "
                 f"x {threads} threads exceed the {limits.registers_per_block} registers of a block")
         facts[spec.kernel] = found
-    missing = [k.name for k in built.kernels if k.name not in facts]
+    # An ATen call with no epilogue (a bare cuBLAS matmul) has no Triton code to compile.
+    missing = [k.name for k in built.kernels if k.triton and k.name not in facts]
     if missing:
         raise TargetCompileError(f"kernels {missing} have no launch to compile for {target.arch}")
     return facts

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import compiler
+from compiler.tracing import trace_training
 from service import pipeline, store
 from service.context import ServiceContext
 from service.intake import parse_submission
@@ -151,3 +152,45 @@ def test_a_job_whose_kernel_does_not_fit_fails_at_once(pg_ctx: ServiceContext) -
                                    "fused_addmm_relu_0 does not fit sm_90: out_of_resources")
     with pg_ctx.transaction() as session:
         assert store.schedule_by_key(session, key).status == "failed"
+
+
+class _LnMlp(torch.nn.Module):
+    """LayerNorm, Linear + GELU, bias-free Linear: at d=1024 and 4096 rows its matmuls are
+    cuBLAS-sized, so the heuristic makes them ATen calls (the bias-free one with no
+    epilogue at all, as in every backward)."""
+
+    def __init__(self, d: int = 1024) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.nn.functional.gelu(self.fc(self.ln(x))))
+
+
+def _real_size_bodies() -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    fwd, bwd, fwd_in, bwd_in = trace_training(_LnMlp(), [torch.randn(4096, 1024)])
+    target = gpu_target()
+    return [{"graph": compiler.to_wire(gm, ins), "target": target}
+            for gm, ins in ((fwd, fwd_in), (bwd, bwd_in))]
+
+
+@pytest.mark.services
+def test_real_size_graphs_with_bare_cublas_matmuls_get_an_sm_90_schedule(
+        pg_ctx: ServiceContext) -> None:
+    from service.admin_queries import entry_detail
+
+    for body in _real_size_bodies():
+        key, job_id = _submit(pg_ctx, body)
+        _run_worker(pg_ctx, job_id, "done")
+        with pg_ctx.transaction() as session:
+            detail = entry_detail(session, key)
+        assert detail["status"] == "heuristic"
+        kernels = detail["kernels"]
+        bare = [k for k in kernels if k["variant"] == "aten" and k["compiled"] is None]
+        assert bare, [(k["name"], k["variant"]) for k in kernels]  # a bare cuBLAS call is there
+        triton = [k for k in kernels if k not in bare]
+        assert triton
+        for k in triton:  # every kernel with Triton code (epilogues too) compiled for sm_90
+            _assert_facts(k["compiled"], "sm_90")
