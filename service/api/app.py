@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api.deps import TokenRoles
+from service.api.loopback import BrowserGuardMiddleware
 from service.api.routes import admin, graphs, health, jobs, schedules
 from service.context import HitBuffer, ServiceContext
 from service.errors import install_error_handlers
@@ -82,6 +83,8 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     app.state.reader = ScheduleReader(ctx)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
+    # Added last, so it runs first: refused requests never reach a route or read a body.
+    app.add_middleware(BrowserGuardMiddleware, loopback=ctx.settings.loopback)
     for module in (graphs, schedules, jobs, admin, health):
         app.include_router(module.router)
     _mount_dashboard(app)

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.services
 @pytest.fixture
 def app_ctx(dash_ctx: ServiceContext) -> Iterator[tuple[TestClient, ServiceContext, str]]:
     key = seed_entry(dash_ctx)
-    with TestClient(create_app(ctx=dash_ctx), follow_redirects=False) as client:
+    with TestClient(create_app(ctx=dash_ctx), base_url="http://127.0.0.1",
+                    follow_redirects=False) as client:
         yield client, dash_ctx, key
 
 
@@ -80,7 +81,7 @@ def test_login_sets_a_strict_httponly_cookie_and_keeps_the_token_out_of_urls(app
 
 
 def test_cookie_is_secure_over_https(dash_ctx: ServiceContext) -> None:
-    with TestClient(create_app(ctx=dash_ctx), base_url="https://testserver",
+    with TestClient(create_app(ctx=dash_ctx), base_url="https://localhost",
                     follow_redirects=False) as client:
         response = _login(client)
     cookie = next(h for h in response.headers.get_list("set-cookie") if h.startswith("kiln_admin="))

@@ -34,7 +34,8 @@ def client(postgres_url: str) -> Iterator[TestClient]:
     settings = Settings(database_url=postgres_url, admin_token=ADMIN, rate_limit_per_s=0)
     ctx = ServiceContext(settings, queue=InProcessQueue(settings.lease_s))
     try:
-        with TestClient(create_app(ctx=ctx), follow_redirects=False) as c:
+        with TestClient(create_app(ctx=ctx), base_url="http://127.0.0.1",
+                        follow_redirects=False) as c:
             c.app_ctx = ctx  # type: ignore[attr-defined]
             yield c
     finally:

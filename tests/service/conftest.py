@@ -41,5 +41,5 @@ def client(pg_ctx: Any) -> Iterator[Any]:
 
     from service.api.app import create_app
 
-    with TestClient(create_app(ctx=pg_ctx)) as c:
+    with TestClient(create_app(ctx=pg_ctx), base_url="http://127.0.0.1") as c:
         yield c

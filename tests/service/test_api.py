@@ -106,7 +106,7 @@ def test_admin_routes_need_an_admin_token(client: TestClient, pg_ctx: ServiceCon
 
 def test_off_loopback_every_endpoint_needs_a_token(pg_ctx: ServiceContext) -> None:
     pg_ctx.settings = pg_ctx.settings.model_copy(update={"host": "0.0.0.0"})
-    with TestClient(create_app(ctx=pg_ctx)) as c:
+    with TestClient(create_app(ctx=pg_ctx), base_url="http://127.0.0.1") as c:
         r = c.get(f"/v1/schedules/{'a' * 64}")
         assert r.status_code == 401 and "token" in r.json()["error"]["message"]
         assert c.post("/v1/graphs", json=wire_body()).status_code == 401
@@ -119,7 +119,7 @@ def test_off_loopback_every_endpoint_needs_a_token(pg_ctx: ServiceContext) -> No
 def test_rate_limit_per_token(pg_ctx: ServiceContext) -> None:
     pg_ctx.settings = pg_ctx.settings.model_copy(update={"rate_limit_per_s": 1.0,
                                                          "rate_limit_burst": 3})
-    with TestClient(create_app(ctx=pg_ctx)) as c:
+    with TestClient(create_app(ctx=pg_ctx), base_url="http://127.0.0.1") as c:
         codes = [c.get(f"/v1/schedules/{'b' * 64}").status_code for _ in range(5)]
         assert codes[:3] == [404, 404, 404] and codes[3:] == [429, 429]
         limited = c.get(f"/v1/schedules/{'b' * 64}")
