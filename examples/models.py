@@ -16,7 +16,21 @@ from torch import nn
 # BENCH.md's gpt_block, as the benchmarks and the compiler's corpus define it.
 from compiler.benchcases import GPTBlock as Block
 
-__all__ = ["GPT", "Block", "GPTConfig", "SeedMLP", "gpt_batches", "train"]
+__all__ = ["GPT", "Block", "GPTConfig", "SeedMLP", "gpt_batches", "not_through_kiln", "train"]
+
+
+def not_through_kiln(stats: dict[str, float]) -> str | None:
+    """Why a run did not go through kiln (`kiln.stats()` counts a graph run eagerly or no
+    graph built), or None. The examples fail on it: matching eager's numbers proves nothing
+    when eager is what ran."""
+    if stats.get("eager", 0):
+        hint = " (on a machine without a GPU, set TRITON_INTERPRET=1)" if \
+            stats.get("fallback:cpu_eager", 0) else ""
+        return (f"{int(stats['eager'])} graph(s) ran eagerly, not through kiln; see the "
+                f"`kiln [cause]` warning above{hint}")
+    if not stats.get("builds", 0):
+        return "no graph was built by kiln (was torch.compile bypassed?)"
+    return None
 
 
 class SeedMLP(nn.Module):

@@ -1,7 +1,10 @@
 """Inference of the seed MLP through kiln, checked against eager.
 
-    kiln serve &                       # or: make serve
-    TRITON_INTERPRET=1 python examples/seed_mlp.py      # on a CPU-only machine
+    make serve                                       # in another terminal
+    TRITON_INTERPRET=1 .venv/bin/python examples/seed_mlp.py    # TRITON_INTERPRET=1: no GPU
+
+Exits 1 (FAILED) when a graph ran eagerly instead of through kiln, 1 (MISMATCH) when the
+outputs differ from eager's.
 
 Environment: KILN_URL (default http://127.0.0.1:8000), KILN_MODE, KILN_CACHE_DIR.
 """
@@ -18,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kiln  # noqa: E402
-from examples.models import SeedMLP  # noqa: E402
+from examples.models import SeedMLP, not_through_kiln  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +40,12 @@ def main() -> int:
         again = compiled(x)
     ok = torch.allclose(got, expected, rtol=1e-4, atol=1e-4) and torch.equal(got, again)
     print(f"max abs diff vs eager: {(got - expected).abs().max().item():.3g}")
-    print("stats:", json.dumps(kiln.stats(), sort_keys=True))
+    stats = kiln.stats()
+    print("stats:", json.dumps(stats, sort_keys=True))
+    problem = not_through_kiln(stats)
+    if problem:
+        print(f"FAILED: {problem}")
+        return 1
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 

@@ -1,7 +1,10 @@
 """Train a small GPT a few steps through kiln; print the losses beside eager's.
 
-    kiln serve &                       # or: make serve
-    TRITON_INTERPRET=1 python examples/train_gpt.py --steps 5    # on a CPU-only machine
+    make serve                                                   # in another terminal
+    TRITON_INTERPRET=1 .venv/bin/python examples/train_gpt.py --steps 5   # no GPU: interpreter
+
+Exits 1 (FAILED) when a graph ran eagerly instead of through kiln, 1 (MISMATCH) when the
+losses differ from eager's.
 
 Forward and backward graphs both go through kiln (AOTAutograd). Environment: KILN_URL,
 KILN_MODE, KILN_CACHE_DIR (see docs/client.md).
@@ -20,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kiln  # noqa: E402
-from examples.models import GPT, GPTConfig, gpt_batches, train  # noqa: E402
+from examples.models import GPT, GPTConfig, gpt_batches, not_through_kiln, train  # noqa: E402
 
 
 def main() -> int:
@@ -44,7 +47,12 @@ def main() -> int:
         print(f"step {step}: eager {e:.5f}  kiln {k:.5f}")
     ok = all(abs(e - k) <= 1e-3 * max(1.0, abs(e)) for e, k in
              zip(eager_losses, kiln_losses, strict=True))
-    print("stats:", json.dumps(kiln.stats(), sort_keys=True))
+    stats = kiln.stats()
+    print("stats:", json.dumps(stats, sort_keys=True))
+    problem = not_through_kiln(stats)
+    if problem:
+        print(f"FAILED: {problem}")
+        return 1
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 

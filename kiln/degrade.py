@@ -2,7 +2,8 @@
 
 A training step calls compiled graphs thousands of times; a service that is down must cost
 one line in the log, not one per call. Each cause is warned about once per process (until
-`reset()`), through both `warnings` (category `KilnWarning`) and `logging`.
+`reset()`), through `warnings` only (category `KilnWarning`): logging it as well printed
+every warning twice. `logging.captureWarnings(True)` routes it into an application's logs.
 """
 
 from __future__ import annotations
@@ -82,7 +83,6 @@ def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
     message = f"kiln [{cause}]: {what}; {_ACTIONS.get(cause, 'falling back')}."
     if detail:
         message += f" ({detail})"
-    log.warning(message)
     warnings.warn(message, KilnWarning, stacklevel=2)
     return True
 
