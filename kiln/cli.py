@@ -149,8 +149,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upgrade(settings.database_url)  # embedded default: the SQLite file needs no setup step
     _require_migrated(settings.database_url)
     settings = _admin_token(settings)
+    gpus = _serve_gpus(args.gpus, settings.redis_url is None, args.workers)
     if embedded:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU targets are checked on the interpreter
+        # CPU targets are checked on the interpreter; GPU tuning children turn it off.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     import uvicorn
 
     where = "loopback: client endpoints need no token" if settings.loopback else \
@@ -160,6 +162,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{'redis' if settings.redis_url else 'in-process'}; {args.workers} process(es)",
           flush=True)
     print(f"kiln: dashboard {_dashboard_url(settings)} (log in with the admin token)", flush=True)
+    print(f"kiln: tuning on {', '.join(gpus)}" if gpus else
+          "kiln: no GPU tuning worker (--gpus none, or no GPU visible): schedules stay heuristic "
+          "until a `kiln worker --device cuda:N` joins", flush=True)
     if args.workers > 1:
         # Each process builds its app from the environment: hand it what this one decided.
         os.environ.update(KILN_ADMIN_TOKEN=settings.admin_token, KILN_HOST=settings.host,
@@ -170,10 +175,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     from service.api.app import create_app
 
-    app = create_app(settings, embedded_worker=embedded)
+    app = create_app(settings, embedded_worker=embedded, gpu_devices=gpus)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 access_log=False)
     return 0
+
+
+def _serve_gpus(spec: str | None, embedded_queue: bool, api_processes: int) -> list[str]:
+    """The GPUs `kiln serve` tunes on in-process: every visible one by default with the
+    in-process queue; none by default with Redis (run `kiln worker --device cuda:N`)."""
+    from service.gpus import GpuChoiceError, choose_gpus, visible_gpus
+
+    if spec is None:
+        spec = "all" if embedded_queue else "none"
+    if api_processes > 1 and spec.strip().lower() != "none":
+        raise SystemExit("kiln serve: --gpus with --workers > 1 would tune on every GPU once per "
+                         "process; run `kiln worker --device cuda:N` instead")
+    try:
+        return choose_gpus(spec, visible_gpus() if spec.strip().lower() != "none" else 0)
+    except GpuChoiceError as exc:
+        raise SystemExit(f"kiln serve: {exc}") from None
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -331,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also run a CPU worker in this process when Redis is configured")
     serve.add_argument("--workers", type=int, default=1,
                        help="API processes sharing the port (needs KILN_REDIS_URL)")
+    serve.add_argument("--gpus", default=None, metavar="all|none|0,1",
+                       help="GPUs to tune on in this process, one tuning worker each (default: "
+                            "all visible GPUs with the in-process queue, none with KILN_REDIS_URL)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a worker")

@@ -36,8 +36,9 @@ FaultHook = Callable[[dict[str, Any]], None]
 
 def _child_main(conn: Connection, device: str, fault_hook: FaultHook | None) -> None:
     """Serve requests until told to stop; any uncaught problem ends the process (parent respawns)."""
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
+    # Spawned children inherit the parent's environment, and `kiln serve` turns the
+    # interpreter on for its CPU checks: a GPU child must never time interpreted kernels.
+    os.environ["TRITON_INTERPRET"] = "1" if device == "cpu" else "0"
     from tuner.session import CudaFault, TrialSession, describe_exception
 
     session = TrialSession(device)

@@ -7,7 +7,7 @@ import importlib.util
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -41,10 +41,11 @@ def _upkeep(app: FastAPI, stop: threading.Event) -> None:
 
 
 def create_app(settings: Settings | None = None, ctx: ServiceContext | None = None,
-               embedded_worker: bool = False) -> FastAPI:
+               embedded_worker: bool = False, gpu_devices: Sequence[str] = ()) -> FastAPI:
     """Build the API. With `embedded_worker`, a CPU worker thread runs in this process (the
-    embedded default of `kiln serve`). Migrations are not run here: `kiln db upgrade` is its
-    own step."""
+    embedded default of `kiln serve`); each of `gpu_devices` (`cuda:N`) gets a tuning worker
+    thread, which times candidates in a spawned child of its own (tuner.runner).
+    Migrations are not run here: `kiln db upgrade` is its own step."""
     ctx = ctx or ServiceContext(settings or Settings.from_env())
 
     @asynccontextmanager
@@ -56,18 +57,14 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
             log.warning("initial recovery pass failed: %s", exc)
         upkeep = threading.Thread(target=_upkeep, args=(app, stop), name="kiln-upkeep", daemon=True)
         upkeep.start()
-        worker = None
-        if embedded_worker:
-            from service.worker import Worker
-
-            worker = Worker(ctx, device="cpu")
-            worker.start_thread()
+        workers = _start_workers(ctx, embedded_worker, gpu_devices)
         try:
             yield
         finally:
             stop.set()
-            if worker is not None:
+            for worker in workers:
                 worker.stop()
+            for worker in workers:
                 worker.join(timeout=30)
             upkeep.join(timeout=10)
             await app.state.reader.close()
@@ -89,6 +86,18 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
         app.include_router(module.router)
     _mount_dashboard(app)
     return app
+
+
+def _start_workers(ctx: ServiceContext, cpu: bool, gpu_devices: Sequence[str]) -> list:
+    """The in-process workers: the CPU build worker, then one tuning worker per GPU."""
+    from service.worker import Worker
+
+    devices = (["cpu"] if cpu else []) + list(gpu_devices)
+    workers = [Worker(ctx, device=device) for device in devices]
+    for worker in workers:
+        worker.start_thread()
+        log.info("embedded worker %s serves %s", worker.id, ", ".join(worker.streams))
+    return workers
 
 
 def _mount_dashboard(app: FastAPI) -> None:
