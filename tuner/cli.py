@@ -19,11 +19,13 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+STRATEGIES = ("auto", "exhaustive", "coordinate", "halving")  # tuner.search.KernelSearch.run
 USAGE_HINT = "define model() and example_inputs(), or pass module:factory returning (model, inputs)"
 
 
@@ -38,7 +40,10 @@ def load_model(spec: str) -> tuple[Any, list[Any]]:
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.path.insert(0, str(path.parent.resolve()))
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise _model_error(spec, "loading", exc) from None
     else:
         try:
             module = importlib.import_module(where)
@@ -48,7 +53,10 @@ def load_model(spec: str) -> tuple[Any, list[Any]]:
         fn = getattr(module, factory, None)
         if not callable(fn):
             raise SystemExit(f"kiln tune: {where!r} has no callable {factory!r}")
-        got = fn()
+        try:
+            got = fn()
+        except Exception as exc:
+            raise _model_error(spec, f"calling {factory}() of", exc) from None
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise SystemExit(f"kiln tune: {factory}() must return (model, example_inputs)")
         model, inputs = got
@@ -58,64 +66,144 @@ def load_model(spec: str) -> tuple[Any, list[Any]]:
             and callable(getattr(module, "example_inputs", None))
         ):
             raise SystemExit(f"kiln tune: {spec!r} does not {USAGE_HINT}")
-        model, inputs = module.model(), module.example_inputs()
+        try:
+            model, inputs = module.model(), module.example_inputs()
+        except Exception as exc:
+            raise _model_error(spec, "calling model() and example_inputs() of", exc) from None
     return model, list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr, redrawn in place."""
+    """`kiln tune`'s progress on stderr. Tuning makes two passes over a graph's kernels
+    (time each one's heuristic config, then search each), shown as such, with the time left
+    estimated from the fraction done. On a terminal the line is redrawn in place; otherwise
+    (a log file, CI) each step is a line of its own, with no carriage returns."""
 
-    def __init__(self, graphs: int, stream: Any = None, width: int = 30) -> None:
+    def __init__(self, graphs: int, stream: Any = None, width: int = 24,
+                 interactive: bool | None = None) -> None:
         self.graphs, self.stream, self.width = graphs, stream or sys.stderr, width
+        isatty = getattr(self.stream, "isatty", None)
+        self.interactive = bool(isatty and isatty()) if interactive is None else interactive
         self.graph = 0
         self.started = time.monotonic()
+        self._drawn = False
 
     def __call__(self, done: int, total: int, kernel: str) -> None:
+        kernels = max(1, total // 2)
+        phase, step = ("time heuristic", done) if done < kernels else ("search", done - kernels)
         frac = (self.graph + (done / total if total else 1.0)) / max(1, self.graphs)
-        filled = int(frac * self.width)
-        bar = "#" * filled + "." * (self.width - filled)
         elapsed = time.monotonic() - self.started
-        self.stream.write(
-            f"\r[{bar}] graph {self.graph + 1}/{self.graphs} kernel {min(done + 1, total)}/{total} "
-            f"{elapsed:6.1f}s {kernel[:40]:<40}"
-        )
+        left = f"~{_duration(elapsed * (1 - frac) / frac)} left" if frac > 0 else "estimating"
+        where = f"graph {self.graph + 1}/{self.graphs}"
+        if done >= total:  # the tuner's last call: this graph is finished
+            text = f"{where} done  {_duration(elapsed)} elapsed, {left}"
+        else:
+            text = (f"{where} {phase} kernel {step + 1}/{kernels}  {_duration(elapsed)} "
+                    f"elapsed, {left}  {kernel[:40]}")
+        if self.interactive:
+            filled = int(frac * self.width)
+            bar = "#" * filled + "." * (self.width - filled)
+            self.stream.write(f"\r[{bar}] {text:<110}")
+            self._drawn = True
+        else:
+            self.stream.write(f"kiln tune: {text}\n")
         self.stream.flush()
 
     def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+        """End the redrawn line (nothing to end in line-per-step mode)."""
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
-def kernel_rows(graph_label: str, result: Any) -> list[list[str]]:
-    """Table rows (one per kernel) of one graph's tuning result."""
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def kernel_rows(graph_label: str, result: Any, speed: bool = True) -> list[list[str]]:
+    """Table rows (one per kernel) of one graph's tuning result; without `speed` (times
+    from the Triton interpreter) no speedup column."""
     from tuner.report import fmt_ms, fmt_ratio, ratio
 
     rows = []
     for k in result.kernels:
-        rows.append(
-            [
-                graph_label,
-                k.name,
-                k.kind,
-                fmt_ms(k.heuristic_ms),
-                fmt_ms(k.tuned_ms),
-                fmt_ratio(ratio(k.heuristic_ms, k.tuned_ms)),
-                k.winner.label(),
-                str(k.trials),
-            ]
-        )
+        speedup = [fmt_ratio(ratio(k.heuristic_ms, k.tuned_ms))] if speed else []
+        rows.append([graph_label, k.name, k.kind, fmt_ms(k.heuristic_ms), fmt_ms(k.tuned_ms),
+                     *speedup, k.winner.label(), str(k.trials)])
     return rows
+
+
+def graph_row(graph_label: str, result: Any, speed: bool = True) -> list[str]:
+    """The totals row of one graph; without `speed` no eager time (real PyTorch beside
+    interpreter times) and no speedup."""
+    from tuner.report import fmt_ms, fmt_ratio, ratio
+
+    timed = [fmt_ms(result.eager_ms)] if speed else []
+    speedup = [fmt_ratio(ratio(result.heuristic_ms, result.best_ms))] if speed else []
+    return [graph_label, *timed, fmt_ms(result.heuristic_ms), fmt_ms(result.best_ms), *speedup,
+            str(result.trials), f"{result.seconds:.1f}"]
+
+
+def tables(rows: list[list[str]], totals: list[list[str]], speed: bool) -> str:
+    """The per-kernel table and the per-graph table, as printed."""
+    from tuner.report import table
+
+    unit = "ms" if speed else "interp. ms"
+    speedup = ["speedup"] if speed else []
+    kernel_headers = ["graph", "kernel", "kind", f"heuristic {unit}", f"tuned {unit}", *speedup,
+                      "config", "trials"]
+    graph_headers = ["graph", *(["eager ms"] if speed else []), f"heuristic {unit}",
+                     f"tuned {unit}", *speedup, "trials", "seconds"]
+    text = table(kernel_headers, rows) + "\n\n" + table(graph_headers, totals)
+    if not speed:
+        text += ("\n(cpu: Triton interpreter times check that every candidate runs and is "
+                 "correct; they say nothing about speed, so no speedups are shown)")
+    return text
+
+
+def _device(value: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not cpu, cuda or cuda:N")
+    return value
+
+
+def check_device(device: str) -> None:
+    """Refuse a CUDA device this process cannot use, in one line."""
+    import torch
+
+    if device == "cpu":
+        return
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "a CUDA build"
+        raise SystemExit(f"kiln tune: --device {device}: no CUDA device here (torch "
+                         f"{torch.__version__} is {build}); use --device cpu")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise SystemExit(f"kiln tune: --device {device}: only {torch.cuda.device_count()} "
+                         "CUDA device(s) visible")
+
+
+def _model_error(spec: str, step: str, exc: Exception) -> SystemExit:
+    """One line for an exception raised by the user's model code."""
+    first = next((ln for ln in str(exc).splitlines() if ln.strip()), "").strip()
+    return SystemExit(f"kiln tune: {step} {spec!r} failed: {type(exc).__name__}: {first} "
+                      "(check that example_inputs() fits the model)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kiln tune", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="model.py | pkg.module | pkg.module:factory (" + USAGE_HINT + ")")
-    p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
+    p.add_argument("--device", default=None, type=_device,
+                   help="cuda[:N] or cpu (default: cuda if available)")
     p.add_argument("--train", action="store_true", help="tune the backward graph too")
     p.add_argument("--trials", type=int, default=None,
                    help="trial budget per graph (default: 50, unbounded with --seconds)")
     p.add_argument("--seconds", type=float, default=None, help="time budget per graph")
-    p.add_argument("--strategy", default="auto", help="auto | exhaustive | coordinate | halving")
+    p.add_argument("--strategy", default="auto", choices=STRATEGIES,
+                   help="search strategy (default: auto, by the size of each kernel's space)")
     p.add_argument("--json", dest="json_out", default=None, help="write every result to this file")
     return p.parse_args(argv)
 
@@ -126,62 +214,42 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     import compiler
     from compiler.tracing import trace_inference, trace_training
     from tuner.api import tune
-    from tuner.report import fmt_ms, fmt_ratio, ratio, table
     from tuner.search import Budget
 
     model, inputs = load_model(args.model)
     if hasattr(model, "to"):
         model = model.to(device)
     inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
-    if args.train:
-        fwd, bwd, fwd_in, bwd_in = trace_training(model, inputs)
-        traced = [("forward", fwd, fwd_in), ("backward", bwd, bwd_in)]
-    else:
-        gm, ins = trace_inference(model, inputs)
-        traced = [("forward", gm, ins)]
+    try:
+        if args.train:
+            fwd, bwd, fwd_in, bwd_in = trace_training(model, inputs)
+            traced = [("forward", fwd, fwd_in), ("backward", bwd, bwd_in)]
+        else:
+            gm, ins = trace_inference(model, inputs)
+            traced = [("forward", gm, ins)]
+    except Exception as exc:  # the model's own code on its own inputs
+        raise _model_error(args.model, "tracing", exc) from None
     target = compiler.Target.detect(device)
     trials = args.trials if args.trials is not None else (None if args.seconds else 50)
     budget = Budget(trials=trials, seconds=args.seconds)
     bar = ProgressBar(len(traced))
+    speed = device != "cpu"
     rows, totals, dump = [], [], []
     for i, (label, gm, ins) in enumerate(traced):
         bar.graph = i
         graph = compiler.from_wire(compiler.to_wire(gm, ins))
         result = tune(graph, target, budget, device=device, strategy=args.strategy, progress=bar)
-        rows += kernel_rows(label, result)
-        totals.append(
-            [
-                label,
-                fmt_ms(result.eager_ms),
-                fmt_ms(result.heuristic_ms),
-                fmt_ms(result.best_ms),
-                fmt_ratio(ratio(result.heuristic_ms, result.best_ms)),
-                str(result.trials),
-                f"{result.seconds:.1f}",
-            ]
-        )
+        rows += kernel_rows(label, result, speed)
+        totals.append(graph_row(label, result, speed))
         dump.append({"graph": label, **result.to_json()})
     bar.close()
-    print(
-        table(
-            ["graph", "kernel", "kind", "heuristic ms", "tuned ms", "speedup", "config", "trials"],
-            rows,
-        )
-    )
-    print()
-    print(
-        table(
-            ["graph", "eager ms", "heuristic ms", "tuned ms", "speedup", "trials", "seconds"],
-            totals,
-        )
-    )
-    if device == "cpu":
-        print("(cpu: Triton interpreter times; they check the path, not speed)")
+    print(tables(rows, totals, speed))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(dump, indent=1))
     return 0

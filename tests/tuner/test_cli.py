@@ -28,10 +28,61 @@ def test_tune_a_model_file_prints_a_table_per_kernel(tmp_path, capsys) -> None:
     out_json = tmp_path / "result.json"
     assert cli.main([str(path), "--device", "cpu", "--trials", "2", "--json", str(out_json)]) == 0
     captured = capsys.readouterr()
-    assert "heuristic ms" in captured.out and "speedup" in captured.out and "config" in captured.out
+    assert "heuristic interp. ms" in captured.out and "config" in captured.out
     assert "forward" in captured.out
-    assert "[" in captured.err and "graph 1/1" in captured.err  # the progress bar
+    # Interpreter times are no speed: no speedup column, no eager time beside them.
+    tables, note = captured.out.split("(cpu:")
+    assert "speedup" not in tables and "eager ms" not in tables and "no speedups" in note
+    # stderr is not a terminal here: one plain line per step, no carriage returns
+    progress = captured.err.splitlines()
+    assert "\r" not in captured.err and progress
+    assert all(line.startswith("kiln tune: graph 1/1 ") for line in progress), progress
+    kernels = sum(1 for line in progress if " time heuristic kernel " in line)
+    assert kernels >= 1 and sum(" search kernel " in line for line in progress) == kernels
+    assert f"search kernel {kernels}/{kernels} " in progress[-2]
+    assert progress[-1].startswith("kiln tune: graph 1/1 done") and "~0s left" in progress[-1]
     assert out_json.read_text().startswith("[")
+
+
+def test_progress_on_a_terminal_redraws_in_place_with_time_left() -> None:
+    import io
+
+    stream = io.StringIO()
+    bar = cli.ProgressBar(2, stream=stream, interactive=True)
+    bar.graph = 1
+    for done in range(7):  # 3 kernels: 3 heuristic timings, 3 searches, then done
+        bar(done, 6, f"k{done % 3}")
+    bar.close()
+    frames = stream.getvalue().split("\r")[1:]
+    assert len(frames) == 7 and stream.getvalue().endswith("\n")
+    assert "graph 2/2 time heuristic kernel 1/3" in frames[0]
+    assert "graph 2/2 search kernel 3/3" in frames[-2] and "left" in frames[-2]
+    assert "graph 2/2 done" in frames[-1]
+    assert "kernel 4/" not in stream.getvalue() and "kernel 6/" not in stream.getvalue()
+
+
+def test_device_strategy_and_model_errors_are_one_line(tmp_path, capsys) -> None:
+    import torch
+
+    path = tmp_path / "tiny_model3.py"
+    path.write_text(MODEL_PY)
+    for bad in (["--device", "tpu"], ["--strategy", "fast"]):
+        with pytest.raises(SystemExit) as usage:
+            cli.main([str(path), *bad])
+        assert usage.value.code == 2
+    err = capsys.readouterr().err
+    assert "'tpu' is not cpu, cuda or cuda:N" in err
+    assert "invalid choice: 'fast'" in err and "halving" in err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: no CUDA device here .* use --device cpu"):
+            cli.main([str(path), "--device", "cuda"])
+    wrong = tmp_path / "wrong_inputs.py"
+    wrong.write_text(MODEL_PY.replace("torch.randn(4, 16)", "torch.randn(4, 16), torch.randn(3)"))
+    with pytest.raises(SystemExit) as failed:
+        cli.main([str(wrong), "--device", "cpu", "--trials", "1"])
+    message = str(failed.value.code)
+    assert message.startswith("kiln tune: tracing") and "TypeError" in message
+    assert "\n" not in message
 
 
 def test_model_spec_forms_and_clear_errors(tmp_path) -> None:
