@@ -100,7 +100,9 @@ class KernelGroup:
     `members` are the realized fx nodes in topological order (`anchors`: its reductions or
     its matmul; other members are pointwise values over the domain or the reduced
     domain); `inlined` are the lazy nodes (pointwise, views, index ops) evaluated inside;
-    `stored` are the members written to buffers.
+    `stored` are the members written to buffers. `name` is unique in its program (the
+    schedule's key for the kernel); `stem` is the part of it that comes from the fused ops,
+    and starts the Triton function's name, which is otherwise made from the source itself.
     """
 
     name: str
@@ -113,6 +115,7 @@ class KernelGroup:
     stored: list[fx.Node] = field(default_factory=list)
     reads: list[fx.Node] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
+    stem: str = "kernel"
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -307,8 +307,10 @@ def fold_constants(gm: fx.GraphModule) -> None:
 
 
 def name_kernels(program: Program) -> None:
-    """`fused_<first four aten ops>_<i>` names, e.g. `fused_native_layer_norm_gelu_add_0`
-    (casts, copies and views are left out of names unless there is nothing else)."""
+    """Stems `fused_<first four aten ops>` and schedule names `<stem>_<i>`, e.g.
+    `fused_native_layer_norm_gelu_add_0` (casts, copies and views are left out of names
+    unless there is nothing else). Only the stem enters generated source, so a kernel's
+    source does not depend on where it sits in the graph."""
     quiet = {"_to_copy", "convert_element_type", "clone", "alias", "getitem", "detach",
              "lift_fresh_copy"} | ops.VIEWS
     for i, group in enumerate(program.kernels):
@@ -319,4 +321,5 @@ def name_kernels(program: Program) -> None:
             if base not in names:
                 names.append(base)
         loud = [n for n in names if n not in quiet] or names
-        group.name = "fused_" + "_".join(n.strip("_") for n in loud[:4]) + f"_{i}"
+        group.stem = "fused_" + "_".join(n.strip("_") for n in loud[:4])
+        group.name = f"{group.stem}_{i}"

@@ -10,6 +10,7 @@ raises `NotFusible`, which is how fusion learns that a group cannot be one kerne
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 
@@ -380,19 +381,21 @@ class Generated:
         self.inputs, self.outputs, self.inlined = inputs, outputs, inlined
 
 
-def assemble(w: Writer, name: str, comment: list[str], constexprs: list[str]) -> Generated:
+def assemble(w: Writer, stem: str, comment: list[str], constexprs: list[str]) -> Generated:
     """The kernel module: imports, helpers, then the kernel with pointers first and
-    `tl.constexpr` block sizes last (the Triton tutorial's order)."""
+    `tl.constexpr` block sizes last (the Triton tutorial's order).
+
+    The function is named `<stem>_<8 hex digits>`, the digits hashed from the rest of the
+    module: the source depends on what the kernel computes, never on its place in the
+    graph, so a model's repeated layers produce identical kernels that compile once."""
     params = list(w.in_params.values()) + list(w.out_params.values())
     params += [f"{c}: tl.constexpr" for c in constexprs]
-    text = [HEADER]
-    for helper in sorted(w.helpers):
-        text.append(helper)
-    text.append("")
-    text.append("@triton.jit")
-    text.append(f"def {name}({', '.join(params)}):")
-    text.extend(f"    # {line}" for line in comment)
-    text.extend(w.lines)
+    head = [HEADER, *sorted(w.helpers), "", "@triton.jit"]
+    body = [*(f"    # {line}" for line in comment), *w.lines]
+    signature = f"({', '.join(params)}):"
+    digest = hashlib.sha256("\n".join([stem, *head, signature, *body]).encode()).hexdigest()
+    name = f"{stem}_{digest[:8]}"
+    text = [*head, f"def {name}{signature}", *body]
     return Generated(name, "\n".join(text) + "\n", list(w.in_params), list(w.out_params),
                      list(w.inlined))
 

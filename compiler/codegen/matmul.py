@@ -110,4 +110,4 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
     for node in group.stored:
         idx = pointwise.member_index(w, node, natural, out.shape, flat)
         store(w, node, idx, w.value(node, idx, "mmask"), "mmask", block=True)
-    return assemble(w, group.name, comment, ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"])
+    return assemble(w, group.stem, comment, ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"])

@@ -33,7 +33,7 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str],
     for node in members if members is not None else group.stored:
         idx = member_index(w, node, natural, shape, "xindex")
         store(w, node, idx, w.value(node, idx, "xmask"), "xmask")
-    return assemble(w, group.name, comment, ["XBLOCK"])
+    return assemble(w, group.stem, comment, ["XBLOCK"])
 
 
 def member_index(w: Writer, node: fx.Node, natural: Index, shape: tuple[int, ...], flat: str) -> Index:

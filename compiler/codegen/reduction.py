@@ -360,7 +360,7 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
             continue
         idx = _row_index(n, infos, xdims, dom, shape)
         store(w, n, idx, w.value(n, idx, "xmask"), "xmask")
-    return assemble(w, group.name, comment, ["XBLOCK", "RBLOCK"])
+    return assemble(w, group.stem, comment, ["XBLOCK", "RBLOCK"])
 
 
 def _online_step(w: Writer, r: _Reducer, v: str, sums: list[_Reducer]) -> None:

@@ -4,9 +4,9 @@ import triton.language as tl
 
 
 @triton.jit
-def fused_sum_0(in_ptr0, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
-    # reduction kernel, variant persistent; fused aten nodes:
-    #   sum_1: aten.sum.dim_IntList
+def fused_sum_baf0ed6a(in_ptr0, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    # reduction kernel, variant persistent; fused aten ops:
+    #   aten.sum.dim_IntList
     xnumel = 12
     rnumel = 64
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]

@@ -4,13 +4,13 @@ import triton.language as tl
 
 
 @triton.jit
-def fused_amax_sub_exp_sum_0(in_ptr0, out_ptr0, out_ptr1, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
-    # reduction kernel, variant persistent; fused aten nodes:
-    #   _to_copy: aten._to_copy.default
-    #   amax: aten.amax.default
-    #   sub: aten.sub.Tensor
-    #   exp: aten.exp.default
-    #   sum_1: aten.sum.dim_IntList
+def fused_amax_sub_exp_sum_754db7c6(in_ptr0, out_ptr0, out_ptr1, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    # reduction kernel, variant persistent; fused aten ops:
+    #   aten._to_copy.default
+    #   aten.amax.default
+    #   aten.sub.Tensor
+    #   aten.exp.default
+    #   aten.sum.dim_IntList
     xnumel = 4
     rnumel = 10
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]

@@ -4,28 +4,28 @@ import triton.language as tl
 
 
 @triton.jit
-def fused_sub_log_ne_scalar_tensor_1(in_ptr0, in_ptr1, in_ptr2, in_ptr3, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
-    # reduction kernel, variant persistent; fused aten nodes:
-    #   _to_copy: aten._to_copy.default
-    #   sub: aten.sub.Tensor
-    #   log: aten.log.default
-    #   sub_1: aten.sub.Tensor
-    #   _to_copy_1: aten._to_copy.default
-    #   ne: aten.ne.Scalar
-    #   scalar_tensor: aten.scalar_tensor.default
-    #   where: aten.where.self
-    #   unsqueeze: aten.unsqueeze.default
-    #   gather: aten.gather.default
-    #   squeeze: aten.squeeze.dims
-    #   neg: aten.neg.default
-    #   ne_1: aten.ne.Scalar
-    #   scalar_tensor_1: aten.scalar_tensor.default
-    #   where_1: aten.where.self
-    #   ne_2: aten.ne.Scalar
-    #   sum_2: aten.sum.dim_IntList
-    #   _to_copy_2: aten._to_copy.default
-    #   sum_3: aten.sum.dim_IntList
-    #   div: aten.div.Tensor
+def fused_sub_log_ne_scalar_tensor_f26b7a1c(in_ptr0, in_ptr1, in_ptr2, in_ptr3, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    # reduction kernel, variant persistent; fused aten ops:
+    #   aten._to_copy.default
+    #   aten.sub.Tensor
+    #   aten.log.default
+    #   aten.sub.Tensor
+    #   aten._to_copy.default
+    #   aten.ne.Scalar
+    #   aten.scalar_tensor.default
+    #   aten.where.self
+    #   aten.unsqueeze.default
+    #   aten.gather.default
+    #   aten.squeeze.dims
+    #   aten.neg.default
+    #   aten.ne.Scalar
+    #   aten.scalar_tensor.default
+    #   aten.where.self
+    #   aten.ne.Scalar
+    #   aten.sum.dim_IntList
+    #   aten._to_copy.default
+    #   aten.sum.dim_IntList
+    #   aten.div.Tensor
     xnumel = 1
     rnumel = 4
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]

@@ -4,25 +4,25 @@ import triton.language as tl
 
 
 @triton.jit
-def fused_var_mean_add_rsqrt_sub_0(in_ptr0, in_ptr1, in_ptr2, in_ptr3, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
-    # reduction kernel, variant persistent; fused aten nodes:
-    #   _to_copy: aten._to_copy.default
-    #   var_mean: aten.var_mean.correction
-    #   add: aten.add.Tensor
-    #   rsqrt: aten.rsqrt.default
-    #   sub: aten.sub.Tensor
-    #   mul: aten.mul.Tensor
-    #   mul_1: aten.mul.Tensor
-    #   add_1: aten.add.Tensor
-    #   _to_copy_1: aten._to_copy.default
-    #   _to_copy_4: aten._to_copy.default
-    #   mul_2: aten.mul.Tensor
-    #   mul_3: aten.mul.Tensor
-    #   erf: aten.erf.default
-    #   add_2: aten.add.Tensor
-    #   mul_4: aten.mul.Tensor
-    #   _to_copy_5: aten._to_copy.default
-    #   add_3: aten.add.Tensor
+def fused_var_mean_add_rsqrt_sub_d8a78162(in_ptr0, in_ptr1, in_ptr2, in_ptr3, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    # reduction kernel, variant persistent; fused aten ops:
+    #   aten._to_copy.default
+    #   aten.var_mean.correction
+    #   aten.add.Tensor
+    #   aten.rsqrt.default
+    #   aten.sub.Tensor
+    #   aten.mul.Tensor
+    #   aten.mul.Tensor
+    #   aten.add.Tensor
+    #   aten._to_copy.default
+    #   aten._to_copy.default
+    #   aten.mul.Tensor
+    #   aten.mul.Tensor
+    #   aten.erf.default
+    #   aten.add.Tensor
+    #   aten.mul.Tensor
+    #   aten._to_copy.default
+    #   aten.add.Tensor
     xnumel = 8
     rnumel = 64
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]

@@ -4,11 +4,11 @@ import triton.language as tl
 
 
 @triton.jit
-def fused_addmm_relu_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    # matmul kernel, variant triton; fused aten nodes:
-    #   permute: aten.permute.default
-    #   addmm: aten.addmm.default
-    #   relu: aten.relu.default
+def fused_addmm_relu_7859cd56(in_ptr0, in_ptr1, in_ptr2, out_ptr0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # matmul kernel, variant triton; fused aten ops:
+    #   aten.permute.default
+    #   aten.addmm.default
+    #   aten.relu.default
     M = 8
     N = 32
     K = 16

@@ -4,14 +4,14 @@ import triton.language as tl
 
 
 @triton.jit
-def fused_mul_amax_sub_exp_0(in_ptr0, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
-    # reduction kernel, variant looped; fused aten nodes:
-    #   mul: aten.mul.Tensor
-    #   amax: aten.amax.default
-    #   sub: aten.sub.Tensor
-    #   exp: aten.exp.default
-    #   sum_1: aten.sum.dim_IntList
-    #   div: aten.div.Tensor
+def fused_mul_amax_sub_exp_034181f1(in_ptr0, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    # reduction kernel, variant looped; fused aten ops:
+    #   aten.mul.Tensor
+    #   aten.amax.default
+    #   aten.sub.Tensor
+    #   aten.exp.default
+    #   aten.sum.dim_IntList
+    #   aten.div.Tensor
     xnumel = 2
     rnumel = 5000
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]

@@ -4,13 +4,13 @@ import triton.language as tl
 
 
 @triton.jit
-def fused_cat_sigmoid_mul_0(in_ptr0, in_ptr1, out_ptr0, XBLOCK: tl.constexpr):
-    # pointwise kernel, variant pointwise; fused aten nodes:
-    #   permute: aten.permute.default
-    #   slice_1: aten.slice.Tensor
-    #   cat: aten.cat.default
-    #   sigmoid: aten.sigmoid.default
-    #   mul: aten.mul.Tensor
+def fused_cat_sigmoid_mul_2829ebb7(in_ptr0, in_ptr1, out_ptr0, XBLOCK: tl.constexpr):
+    # pointwise kernel, variant pointwise; fused aten ops:
+    #   aten.permute.default
+    #   aten.slice.Tensor
+    #   aten.cat.default
+    #   aten.sigmoid.default
+    #   aten.mul.Tensor
     xnumel = 44
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     xmask = xindex < xnumel
