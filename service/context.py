@@ -34,11 +34,31 @@ class ServiceContext:
     def _enqueue_committed(self, session: Session) -> None:
         # Jobs queued inside a transaction (store.enqueue_after_commit) go on the queue only
         # once their rows are visible; an outage here is repaired by recover().
+        failed = []
         for stream, job_id in session.info.pop(store.AFTER_COMMIT, []):
             try:
                 self.queue.enqueue(stream, job_id)
             except QueueUnavailable as exc:
                 log.warning("could not enqueue job %s (%s); recovery will retry", job_id, exc)
+                failed.append(job_id)
+        if failed:
+            self._mark_unqueued(failed)
+
+    def _mark_unqueued(self, job_ids: list[int]) -> None:
+        """Remember jobs whose enqueue failed, so a resubmission or the next recovery pass
+        enqueues them (without this mark only the stale-job rule would, minutes later)."""
+        try:
+            with self.transaction() as session:
+                session.execute(update(JobRow).where(JobRow.id.in_(job_ids),
+                                                     JobRow.status == "queued")
+                                .values(needs_enqueue=True))
+        except Exception as exc:  # the database is down too: the stale-job rule remains
+            log.warning("could not mark jobs %s for re-enqueue: %s", job_ids, exc)
+
+    def _mark_queued(self, job_ids: list[int]) -> None:
+        with self.transaction() as session:
+            session.execute(update(JobRow).where(JobRow.id.in_(job_ids), JobRow.needs_enqueue)
+                            .values(needs_enqueue=False))
 
     def _drop_uncommitted(self, session: Session) -> None:
         session.info.pop(store.AFTER_COMMIT, None)
@@ -50,23 +70,34 @@ class ServiceContext:
             yield session
 
     def enqueue_job(self, job_id: int) -> None:
-        """Put a job id on the stream of its current stage (after its row is committed)."""
+        """Put a job id on the stream of its current stage (after its row is committed).
+        When the queue is down the job is marked for re-enqueue and QueueUnavailable raised."""
         with self.transaction() as session:
             row = session.execute(
-                select(JobRow.stage, ScheduleRow.queue_class)
+                select(JobRow.stage, JobRow.needs_enqueue, ScheduleRow.queue_class)
                 .join(ScheduleRow, ScheduleRow.key == JobRow.key).where(JobRow.id == job_id)
             ).one()
-        self.queue.enqueue(store.stream_name(row.stage, row.queue_class), job_id)
+        try:
+            self.queue.enqueue(store.stream_name(row.stage, row.queue_class), job_id)
+        except QueueUnavailable:
+            self._mark_unqueued([job_id])
+            raise
+        if row.needs_enqueue:
+            self._mark_queued([job_id])
 
     def recover(self, stale_after_s: float | None = None) -> int:
         """Enqueue again what the queue may have lost: every unfinished job when the queue
-        came back empty (Redis restart); queued jobs untouched for too long (an enqueue that
-        failed while Redis was down); running jobs whose lease ran out long ago (their worker
-        died and no message is left to reclaim). Duplicates are harmless. Returns the count."""
+        came back empty (Redis restart); queued jobs whose enqueue failed, or untouched for
+        too long (an enqueue lost some other way); running jobs whose lease ran out long ago
+        (their worker died and no message is left to reclaim). Workers silent for a lease
+        are marked dead and their jobs queued again. Duplicates are harmless. Returns the
+        count of jobs enqueued."""
         stale_after_s = stale_after_s if stale_after_s is not None else 5 * self.settings.lease_s
+        silent_s = max(self.settings.lease_s, 3 * self.settings.heartbeat_s)
         lost = self.queue.lost_state()
         now = utcnow()
         with self.transaction() as session:
+            orphans = store.bury_dead_workers(session, silent_s)
             query = select(JobRow.id, JobRow.stage, ScheduleRow.queue_class).join(
                 ScheduleRow, ScheduleRow.key == JobRow.key)
             if lost:
@@ -75,7 +106,8 @@ class ServiceContext:
                 lease = timedelta(seconds=self.settings.lease_s)
                 query = query.where(
                     ((JobRow.status == "queued")
-                     & (JobRow.updated_at < now - timedelta(seconds=stale_after_s)))
+                     & (JobRow.needs_enqueue
+                        | (JobRow.updated_at < now - timedelta(seconds=stale_after_s))))
                     # held by a worker that died after its message was lost or settled
                     | ((JobRow.status == "running") & (JobRow.lease_until < now - lease)))
             rows = session.execute(query.order_by(JobRow.id)).all()
@@ -83,11 +115,14 @@ class ServiceContext:
                 session.execute(update(JobRow).where(JobRow.id.in_([r.id for r in rows]),
                                                      JobRow.status == "queued")
                                 .values(updated_at=now))
-        for row in rows:
-            self.queue.enqueue(store.stream_name(row.stage, row.queue_class), row.id)
-        if rows:
-            log.info("re-enqueued %d job(s)%s", len(rows), " after the queue lost its state" if lost else "")
-        return len(rows)
+        todo = {r.id: (r.stage, r.queue_class) for r in rows}
+        todo.update({job_id: (stage, qc) for job_id, stage, qc in orphans})
+        for job_id, (stage, queue_class) in sorted(todo.items()):
+            self.queue.enqueue(store.stream_name(stage, queue_class), job_id)
+        if todo:
+            self._mark_queued(sorted(todo))
+            log.info("re-enqueued %d job(s)%s", len(todo), " after the queue lost its state" if lost else "")
+        return len(todo)
 
     def gpu_serves(self, session: Session, queue_class: str) -> bool:
         """Whether a live GPU worker serves this target class (recent heartbeat)."""

@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -126,6 +127,9 @@ class JobRow(Base):
     worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Queued, but putting it on the queue failed (Redis down): the next submission of its key
+    # or the next recovery pass enqueues it.
+    needs_enqueue: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -170,7 +174,8 @@ class WorkerRow(Base):
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
     device: Mapped[str] = mapped_column(String(32))
     queue_class: Mapped[str] = mapped_column(String(128), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="running")  # running | stopped
+    # running | stopped | dead (no heartbeat for a lease: killed or cut off)
+    status: Mapped[str] = mapped_column(String(16), default="running")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     current_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -19,6 +19,7 @@ from service.models import (
     LookupCountRow,
     MeasurementRow,
     ScheduleRow,
+    WorkerRow,
     utcnow,
 )
 from service.queue.base import BUILD_STREAM, tune_stream
@@ -106,6 +107,8 @@ def submit(session: Session, sub: Submission) -> tuple[ScheduleRow, JobRow, bool
     assert entry is not None
     session.refresh(entry)
     session.refresh(job)
+    if not enqueue and job.status == "queued" and job.needs_enqueue:
+        enqueue = True  # its first enqueue failed: this submission puts it on the queue
     return entry, job, enqueue
 
 
@@ -230,6 +233,36 @@ def release(session: Session, job: JobRow, worker: str, why: str) -> None:
             status="queued", attempts=JobRow.attempts - 1, worker_id=None, lease_until=None,
             updated_at=now)).rowcount:
         add_event(session, job, "queued", worker, why)
+
+
+def bury_dead_workers(session: Session, silent_s: float) -> list[tuple[int, str, str]]:
+    """Mark `dead` every running worker whose last heartbeat is older than `silent_s`, and
+    put back in the queue the jobs they held whose lease has run out (the attempt counts, so
+    a job that kills its workers still ends failed). Returns (job id, stage, queue class) of
+    the jobs to enqueue once this commits; they stay marked `needs_enqueue` until then."""
+    now = utcnow()
+    dead = list(session.scalars(
+        update(WorkerRow).where(WorkerRow.status == "running",
+                                WorkerRow.heartbeat_at < now - timedelta(seconds=silent_s))
+        .values(status="dead", current_job_id=None).returning(WorkerRow.id)))
+    if not dead:
+        return []
+    orphans = session.execute(
+        select(JobRow.id, JobRow.stage, JobRow.worker_id, ScheduleRow.queue_class)
+        .join(ScheduleRow, ScheduleRow.key == JobRow.key)
+        .where(JobRow.worker_id.in_(dead), JobRow.status == "running", JobRow.lease_until < now)
+    ).all()
+    requeued = []
+    for job_id, stage, worker, queue_class in orphans:
+        if session.execute(update(JobRow).where(
+                JobRow.id == job_id, JobRow.worker_id == worker, JobRow.status == "running")
+                .values(status="queued", worker_id=None, lease_until=None, updated_at=now,
+                        needs_enqueue=True)).rowcount:
+            session.add(JobEventRow(job_id=job_id, status="queued", worker_id=worker, at=now,
+                                    message=f"worker {worker} sent no heartbeat for "
+                                            f"{silent_s:g} s (killed or cut off); queued again"))
+            requeued.append((job_id, stage, queue_class))
+    return requeued
 
 
 def _held(job: JobRow, worker: str) -> Any:

@@ -80,6 +80,11 @@ def test_kill_9_a_worker_holding_a_job_another_finishes_it(
     job = _job(url, job_id)
     workers = [e["worker"] for e in job["history"] if e["status"] == "running"]
     assert job["attempts"] == 2 and len(set(workers)) == 2
+    # The killed worker does not stay `running` on the dashboard: its heartbeat stopped.
+    def doomed_status() -> str | None:
+        stats = httpx.get(f"{url}/v1/admin/stats", headers=ADMIN, timeout=5).json()
+        return {w["id"]: w["status"] for w in stats["workers"]}.get(workers[0])
+    wait_for(lambda: doomed_status() == "dead", 30, lambda: f"worker {workers[0]} not dead")
 
 
 def test_redis_restart_mid_run_loses_no_job(tmp_path: Path, postgres_url: str, procs: list) -> None:
