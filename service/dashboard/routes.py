@@ -36,6 +36,7 @@ _THROTTLE_LOCK = threading.Lock()
 templates = Jinja2Templates(directory=str(_HERE / "templates"))
 templates.env.globals.update(
     fmt_ms=views.ms, fmt_seconds=views.seconds, fmt_age=views.age, fmt_speedup=views.speedup,
+    job_duration=views.job_duration,
     static=lambda name: f"/admin/static/{name}",
 )
 
@@ -167,7 +168,9 @@ def overview(request: Request) -> Response:
         if not _is_admin(request, session):
             return _login_redirect(request)
         stats = admin_queries.stats(session, deps.queue_depth(request))
-    return _render(request, "overview.html", {"nav": "overview", **views.overview_context(stats)})
+    live_within_s = max(3 * request.app.state.settings.heartbeat_s, 15.0)  # as /metrics counts
+    return _render(request, "overview.html", {"nav": "overview",
+                                              **views.overview_context(stats, live_within_s)})
 
 
 @router.get("/entries", response_class=HTMLResponse)

@@ -20,9 +20,21 @@ MISS_REASONS = {"unknown_graph": "unknown graph", "other_gpu": "other GPU",
                 "other_versions": "other triton/torch", "other_compiler": "other compiler version"}
 
 
-def overview_context(stats: Mapping[str, Any]) -> dict[str, Any]:
-    """Plots and tables for the overview page from `admin_queries.stats`."""
+def worker_state(worker: Mapping[str, Any], live_within_s: float) -> str:
+    """`live` (running, recent heartbeat), `stopped` (said goodbye) or `dead` (silent: the
+    process died, or never got past start-up)."""
+    if worker.get("status") != "running":
+        return "stopped"
+    return "live" if (worker.get("heartbeat_age_s") or 0) <= live_within_s else "dead"
+
+
+def overview_context(stats: Mapping[str, Any], live_within_s: float = 15.0) -> dict[str, Any]:
+    """Plots and tables for the overview page from `admin_queries.stats`; a worker counts
+    as live while its heartbeat is younger than `live_within_s` (the rule of the
+    `kiln_workers_alive` metric)."""
     by_status = dict(stats.get("entries_by_status") or {})
+    workers = [{**w, "state": worker_state(w, live_within_s)}
+               for w in stats.get("workers") or []]
     misses = stats.get("misses_by_reason") or {}
     hits, missed = int(stats.get("hits") or 0), int(stats.get("misses") or 0)
     return {
@@ -38,7 +50,8 @@ def overview_context(stats: Mapping[str, Any]) -> dict[str, Any]:
             "misses", "misses"),
         "speedup_plot": plots.speedup_plot(stats.get("speedups") or []),
         "queue_depth": dict(stats.get("queue_depth") or {}),
-        "workers": list(stats.get("workers") or []),
+        "workers": workers,
+        "live_workers": sum(w["state"] == "live" for w in workers),
     }
 
 
@@ -61,15 +74,21 @@ def entry_context(entry: Mapping[str, Any],
             "measurements": [{**r, "config_text": plots.config_label(r.get("config"),
                                                                        r.get("variant"))}
                              for r in rows],
+            # No chart for a kernel nothing was measured for (a heuristic-only entry).
             "plot": plots.candidate_plot(name, rows, _chosen(kernel, rows), f"cand{index}",
-                                         chosen_variant=kernel.get("variant")),
+                                         chosen_variant=kernel.get("variant")) if rows else None,
         })
     # Measurements for kernels the schedule no longer names (e.g. after a compiler change).
     orphans = [r for rows in measured.values() for r in rows]
+    target = entry.get("target") or {}
     return {
         "entry": entry,
-        "target": entry.get("target") or {},
+        "title": entry_title(entry),
+        "target": target,
+        # Interpreter times on a CPU target check correctness; a speedup from them misleads.
+        "timed": target.get("device_type") != "cpu",
         "kernels": kernels,
+        "summary": kernel_summary(kernels),
         "orphan_measurements": orphans,
         "op_summary": sorted((entry.get("op_summary") or {}).items(),
                              key=lambda kv: (-kv[1], kv[0])),
@@ -80,6 +99,48 @@ def entry_context(entry: Mapping[str, Any],
                                                              other.get("target") or {})}
                      for other in siblings if other.get("key") != entry.get("key")],
     }
+
+
+def entry_title(entry: Mapping[str, Any]) -> str:
+    """A readable name for an entry: its model tag, else its most frequent aten ops."""
+    if entry.get("tag"):
+        return str(entry["tag"])
+    ops = sorted((entry.get("op_summary") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    names = [op.split(".")[1] if op.count(".") >= 2 else op for op, _ in ops[:3]]
+    more = ", …" if len(ops) > 3 else ""
+    return f"graph of {', '.join(names)}{more}" if names else "graph (no ops recorded)"
+
+
+def kernel_summary(kernels: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per kernel: its best known time (tuned, else heuristic) and that time's
+    share of the kernels' total, slowest first, so the kernels worth a look lead."""
+    best = [k.get("tuned_ms") if k.get("tuned_ms") is not None else k.get("heuristic_ms")
+            for k in kernels]
+    total = sum(ms for ms in best if ms)
+    rows = [{"anchor": k["anchor"], "name": k.get("name"), "kind": k.get("kind"),
+             "variant": k.get("variant"), "config_text": k["config_text"],
+             "heuristic_ms": k.get("heuristic_ms"), "tuned_ms": k.get("tuned_ms"),
+             "candidates": len(k["measurements"]),
+             "share": (ms / total) if ms and total else None}
+            for k, ms in zip(kernels, best, strict=True)]
+    return sorted(rows, key=lambda r: -(r["share"] or 0.0))
+
+
+def job_duration(job: Mapping[str, Any]) -> float | None:
+    """Seconds a finished job took from its first start to its end (None while it runs)."""
+    if not job.get("finished_at"):
+        return None
+    started = next((h.get("at") for h in job.get("history") or [] if h.get("status") == "running"),
+                   job.get("created_at"))
+    if not started:
+        return None
+    return max(0.0, (_as_datetime(job["finished_at"]) - _as_datetime(started)).total_seconds())
+
+
+def _as_datetime(value: Any) -> datetime:
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(
+        str(value).replace("Z", "+00:00"))
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 TARGET_FIELDS = ("device_type", "arch", "name", "torch", "triton", "compiler")
@@ -115,10 +176,7 @@ def age(value: Any) -> str:
     """`3 min ago`-style text for a datetime or ISO string (empty for None)."""
     if value in (None, ""):
         return ""
-    when = value if isinstance(value, datetime) else datetime.fromisoformat(
-        str(value).replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
+    when = _as_datetime(value)
     return seconds(max((datetime.now(UTC) - when).total_seconds(), 0.0)) + " ago"
 
 
@@ -126,6 +184,8 @@ def seconds(value: float | None) -> str:
     """Human text for a duration in seconds: `42 s`, `3 min`, `2.5 h`."""
     if value is None:
         return "–"
+    if value < 10:
+        return f"{value:.1f} s"
     if value < 120:
         return f"{value:.0f} s"
     if value < 7200:

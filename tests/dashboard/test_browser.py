@@ -122,9 +122,16 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     rows.first.locator("a").first.click()
     page.wait_for_url(f"{live.url}/admin/entries/{tuned_key}")
 
-    # Entry: kernel source (highlighted), candidate plot with every measured candidate.
+    # Entry: named by its tag, a kernel summary first, sources collapsed until asked for
+    # (highlighted), a candidate plot with every measured candidate.
     assert page.locator("#entry-status").inner_text() == "tuned"
+    assert page.locator("h1").inner_text().startswith("softmax-demo")
+    summary = page.locator("#kernel-summary tbody tr")
+    assert summary.count() >= 1 and summary.first.is_visible()
+    assert "%" in summary.first.inner_text()  # its share of the graph's kernel time
     source = page.locator(".kernel .source").first
+    assert not source.is_visible()
+    page.locator(".kernel details.source-block summary").first.click()
     assert source.is_visible() and "@triton.jit" in source.inner_text()
     assert source.locator("span").count() > 10  # highlighted tokens, not plain text
     plot = page.locator("figure.candidates svg[role=img]").first
@@ -135,6 +142,8 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     assert page.locator("#op-summary").inner_text().count("aten.") >= 2
     siblings = page.locator("#siblings").inner_text()  # why other targets' lookups missed
     assert "name: NVIDIA H200" in siblings and "triton: 3.6.0" in siblings
+    page.locator(".kernel details.source-block summary").first.click()  # closed again
+    page.locator(".kernel details.measurements summary").first.click()
     page.screenshot(path=str(tmp_path / "entry.png"), full_page=True)
 
     # Jobs: the tuning job with its stage, progress and history.
@@ -142,6 +151,7 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
     job_row = page.locator(f"tr:has(a[href='/admin/entries/{tuned_key}'])").first
     assert "tune" in job_row.inner_text() and "100%" in job_row.inner_text()
     assert "tuned: " in job_row.inner_text()  # the worker's note in the history
+    assert job_row.locator("td.num").first.inner_text().endswith(" s")  # its duration
     page.goto(f"{live.url}/admin/entries/{tuned_key}")
 
     # Invalidate, confirming the browser's dialog; the API then answers 404 invalidated.
