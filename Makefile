@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 # CPU build of torch that lies on this disk; pinned so that nothing pulls a CUDA build.
+# The Dockerfile's TORCH_VERSION is the same pin (torch major.minor is in every tuning key).
 TORCH_PIN ?= torch==2.13.0
 PYTEST_WORKERS ?= auto
 
@@ -22,6 +23,7 @@ $(STAMP): pyproject.toml
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# Prints the dashboard URL and where the admin token is kept (it survives restarts).
 serve: install
 	$(VENV)/bin/kiln serve
 

@@ -82,4 +82,5 @@ def test_token_create_needs_a_role_and_tokens_can_be_listed_and_revoked(
 
 def test_version() -> None:
     result = kiln("--version")
-    assert result.returncode == 0 and result.stdout.startswith("kiln ")
+    assert result.returncode == 0 and result.stdout.startswith("kiln 0.")
+    assert "(kiln-compile)" in result.stdout
