@@ -94,8 +94,11 @@ def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,
     built = compiler.build(graph, result.schedule)
     kernels = _kernels(built)
     measurements = [dict(m) for m in result.measurements]
+    # a twin (the same kernel elsewhere in the graph) was measured as the kernel it twins
+    measured_as = {r.name: r.twin_of for r in getattr(result, "kernels", []) if r.twin_of}
     for k in kernels:  # each kernel's tuned time: its winning config's best verified run
-        times = [m["ms"] for m in measurements if m.get("kernel") == k["name"]
+        name = measured_as.get(k["name"], k["name"])
+        times = [m["ms"] for m in measurements if m.get("kernel") == name
                  and m.get("config") == k["config"] and m.get("ms") is not None and m.get("verified")]
         k["tuned_ms"] = min(times) if times else None
     return Outcome(
@@ -103,4 +106,4 @@ def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,
         timings={"eager_ms": result.eager_ms, "heuristic_ms": result.heuristic_ms,
                  "tuned_ms": result.best_ms,
                  "tuning_s": getattr(result, "seconds", None) or time.monotonic() - start},
-        note=f"tuned: {len(measurements)} candidates measured")
+        note="; ".join([f"tuned: {len(measurements)} candidates measured", *result.errors])[:4000])

@@ -1,10 +1,12 @@
 """`tuner.tune(graph, target, budget) -> TuningResult`: the heuristic schedule, made fastest.
 
 Steps: heuristic schedule -> child runner loads the graph (reference outputs on seeded
-inputs) -> eager and heuristic whole-graph times -> per kernel: pruned space, search within
-its share of the budget -> winners written into the schedule -> the tuned schedule built,
-verified and timed as a whole. Kernels are separate launches, so each is tuned on its own
-with the others at their heuristic configs.
+inputs) -> eager and heuristic whole-graph times -> per distinct kernel: pruned space,
+search within its share of the budget -> winners written into the schedule -> the tuned
+schedule built, verified and timed as a whole. Kernels are separate launches, so each is
+tuned on its own with the others at their heuristic configs. Twins, the same kernel in each
+of a model's repeated layers (`tuner.session.twin_keys`), are searched once and share the
+winner, so tuning time grows with the distinct kernels, not with depth.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class KernelResult:
     space: int
     pruned: int
     trials: int
+    twin_of: str | None = None  # the identical kernel whose search this one took
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +60,7 @@ class KernelResult:
             "space": self.space,
             "pruned": self.pruned,
             "trials": self.trials,
+            "twin_of": self.twin_of,
         }
 
 
@@ -86,6 +90,17 @@ class TuningResult:
             "kernels": [k.to_json() for k in self.kernels],
             "errors": self.errors,
         }
+
+
+def _leaders(kernels: list[dict[str, Any]], twins: dict[str, str]) -> list[int]:
+    """For each kernel, the index of the first kernel with its twin key (itself when it has
+    none or is the first): only leaders are searched, twins take their winner."""
+    first: dict[str, int] = {}
+    out = []
+    for i, kernel in enumerate(kernels):
+        key = twins.get(kernel["name"])
+        out.append(i if key is None else first.setdefault(key, i))
+    return out
 
 
 def default_device(target: Any) -> str:
@@ -167,10 +182,14 @@ def _tune_loaded(
 ) -> TuningResult:
     import compiler
 
-    runner.load(graph_json, base, seed)
+    loaded = runner.load(graph_json, base, seed) or {}
     starts = [Candidate.of_kernel(k) for k in base["kernels"]]
+    # Twins (the same kernel in each repeated layer) are searched once, through their first.
+    leader = _leaders(base["kernels"], loaded.get("twins") or {})
+    leads = [i for i, j in enumerate(leader) if i == j]
+    copies = [leader.count(i) for i in range(len(leader))]
     if hasattr(runner, "prepare"):
-        runner.prepare(starts)  # compile every kernel's heuristic point at once, in parallel
+        runner.prepare([starts[i] for i in leads])  # every heuristic point at once, in parallel
     errors: list[str] = []
     eager = runner.time_graph(None)
     heuristic = runner.time_graph(base)
@@ -180,32 +199,34 @@ def _tune_loaded(
     clock = BudgetClock(budget)
     tuned = copy.deepcopy(base)
     kernels = tuned["kernels"]
-    searches: list[KernelSearch] = []
-    pruned: list[int] = []
-    # Phase 1: every kernel's heuristic point, timed once: the baseline and the weights.
-    for i, (kernel, start) in enumerate(zip(kernels, starts, strict=True)):
+    searches: dict[int, KernelSearch] = {}
+    pruned: dict[int, int] = {}
+    # Phase 1: every distinct kernel's heuristic point, timed once: the baseline and weights.
+    for n, i in enumerate(leads):
+        kernel, start = kernels[i], starts[i]
         if progress:
-            progress(i, 2 * len(kernels), kernel["name"])
+            progress(n, 2 * len(leads), kernel["name"])
         space, dropped = candidates(kernel, target)
         seeds = []
         if start.variant == "aten" and "BLOCK_M" in kernel["config"]:
             seeds.append(Candidate.make(kernel["name"], "triton", kernel["config"]))
         search = KernelSearch(space, start, runner, clock, share=0, seeds=seeds)
         search.baseline()
-        searches.append(search)
-        pruned.append(len(dropped))
-    # Phase 2: the rest of the budget, shared in proportion to each kernel's time, slowest
-    # first; a kernel under MIN_WEIGHT of the graph's kernel time keeps its heuristic config.
-    weights = [s.baseline_ms() or 0.0 for s in searches]
-    order = sorted(range(len(kernels)), key=lambda i: (-weights[i], i))
-    remaining_weight = sum(weights) or 1.0
+        searches[i] = search
+        pruned[i] = len(dropped)
+    # Phase 2: the rest of the budget, shared in proportion to each kernel's time (twins
+    # included), slowest first; a kernel under MIN_WEIGHT of the graph's kernel time keeps
+    # its heuristic config.
+    weights = {i: (searches[i].baseline_ms() or 0.0) * copies[i] for i in leads}
+    order = sorted(leads, key=lambda i: (-weights[i], i))
+    remaining_weight = sum(weights.values()) or 1.0
     for rank, i in enumerate(order):
         search = searches[i]
         if progress:
-            progress(len(kernels) + rank, 2 * len(kernels), kernels[i]["name"])
+            progress(len(leads) + rank, 2 * len(leads), kernels[i]["name"])
         fraction = weights[i] / remaining_weight if remaining_weight > 0 else 0.0
         remaining_weight -= weights[i]
-        if weights[i] < MIN_WEIGHT * sum(weights) or clock.exhausted():
+        if weights[i] < MIN_WEIGHT * sum(weights.values()) or clock.exhausted():
             continue
         trials_left = clock.trials_left()
         seconds_left = None if budget.seconds is None else budget.seconds - clock.elapsed()
@@ -216,31 +237,36 @@ def _tune_loaded(
         search.run(strategy)
     measurements: list[Measurement] = []
     kernel_results: list[KernelResult] = []
-    for kernel, search, n_pruned in zip(kernels, searches, pruned, strict=True):
-        measurements.extend(search.measurements)
+    for i, kernel in enumerate(kernels):
+        search, twin = searches[leader[i]], leader[i] != i
+        if not twin:
+            measurements.extend(search.measurements)
         winner = pick_winner(search.measurements)
         chosen = winner.candidate if winner is not None else search.start
+        chosen = Candidate(kernel["name"], chosen.variant, chosen.config_items)
         if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
             kernel["variant"] = chosen.variant
             if chosen.variant != "aten":
                 kernel["config"] = chosen.config
+            # a twin's source is its leader's; the final build fills (and checks) it
             kernel["source_hash"] = winner.extra.get("source_hash") if winner else None
         kernel_results.append(
             KernelResult(
                 name=kernel["name"],
                 kind=kernel["kind"],
-                heuristic=search.start,
+                heuristic=starts[i],
                 winner=chosen,
                 heuristic_ms=search.baseline_ms(),
                 tuned_ms=winner.ms if winner is not None else None,
                 strategy=search.strategy,
                 space=len(search.space),
-                pruned=n_pruned,
-                trials=search.spent,
+                pruned=pruned[leader[i]],
+                trials=0 if twin else search.spent,
+                twin_of=kernels[leader[i]]["name"] if twin else None,
             )
         )
     if progress:
-        progress(2 * len(kernels), 2 * len(kernels), "")
+        progress(2 * len(leads), 2 * len(leads), "")
     tuned["status"] = "tuned"
     final, heuristic = _paired_times(runner, tuned, base, heuristic)
     if final.get("error") or final.get("ms") is None:

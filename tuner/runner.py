@@ -105,6 +105,7 @@ class Runner:
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
         self._loaded: dict[str, Any] | None = None
+        self._load_reply: dict[str, Any] = {}
         self.restarts = 0
 
     # -- process management -----------------------------------------------------------------
@@ -121,6 +122,7 @@ class Runner:
             reply = self._call(self._loaded, LOAD_TIMEOUT_S)
             if reply.get("error"):
                 raise RuntimeError(f"reloading the graph in a new child failed: {reply['error']}")
+            self._load_reply = reply
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -178,8 +180,9 @@ class Runner:
     # -- requests ---------------------------------------------------------------------------
     def load(
         self, graph_json: dict[str, Any], schedule_json: dict[str, Any], seed: int = 0
-    ) -> None:
-        """Send the graph and its base schedule; the child computes the reference outputs."""
+    ) -> dict[str, Any]:
+        """Send the graph and its base schedule; the child computes the reference outputs.
+        Returns the child's reply (`TrialSession.load`: heuristic check, twin keys)."""
         self._loaded = {
             "verb": "load",
             "graph": graph_json,
@@ -191,9 +194,10 @@ class Runner:
             reply = self._call(self._loaded, LOAD_TIMEOUT_S)
         else:
             self._start()
-            reply = {}
+            reply = self._load_reply
         if reply.get("error"):
             raise RuntimeError(f"loading the graph failed: {reply['error']}")
+        return reply
 
     def prepare(self, candidates: list[Candidate]) -> None:
         """Compile a batch in parallel ahead of measuring it (no-op without compile workers)."""

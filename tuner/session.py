@@ -10,6 +10,7 @@ as the whole graph. Every failure comes back as a measurement dict with a reason
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import traceback
 from collections import OrderedDict
@@ -59,15 +60,18 @@ class TrialSession:
 
     # -- requests ---------------------------------------------------------------------------
     def load(self, graph_json: dict[str, Any], schedule_json: dict[str, Any], seed: int) -> dict:
-        """Parse the graph, compute the reference on seeded inputs, keep the base schedule."""
+        """Parse the graph, compute the reference on seeded inputs, keep the base schedule;
+        the reply names each kernel's twin key (`twin_keys`)."""
         import compiler
 
         self.graph = compiler.from_wire(graph_json)
         self.reference = Reference.compute(self.graph, seed=seed, device=self.device)
         self.base = copy.deepcopy(schedule_json)
         self._builds.clear()
+        built = None
         try:
-            miss = self.reference.adopt_baseline(self._build(self.base))
+            built = self._build(self.base)
+            miss = self.reference.adopt_baseline(built)
         except Exception as exc:  # the heuristic itself fails: each candidate meets it alone
             miss = classify(exc, "build")
         if miss:
@@ -76,7 +80,14 @@ class TrialSession:
                 miss,
                 self.reference.baseline is not None,
             )
-        return {"ok": True, "heuristic_miss": miss, "baseline": self.reference.baseline is not None}
+        twins: dict[str, str] = {}
+        if built is not None:
+            try:
+                twins = twin_keys(self.graph, self.base, built)
+            except Exception as exc:  # no grouping: every kernel is searched on its own
+                log.warning("kernels not grouped into twins: %s", describe_exception(exc))
+        return {"ok": True, "heuristic_miss": miss, "baseline": self.reference.baseline is not None,
+                "twins": twins}
 
     def measure(self, cand_json: dict[str, Any], fidelity: float, scope: str) -> dict[str, Any]:
         """Build, verify and time one candidate; a measurement dict (with `error` on failure)."""
@@ -190,6 +201,33 @@ def schedule_with(base: dict[str, Any], cand: records.Candidate) -> dict[str, An
             kernel["source_hash"] = None
             return sched
     raise KeyError(f"kernel {cand.kernel!r} is not in the schedule")
+
+
+def twin_keys(graph: Any, base: dict[str, Any], built: Any) -> dict[str, str]:
+    """Kernel name -> twin key: kernels with one key are the same kernel at other places in
+    the graph (a model's repeated layers), so every candidate builds and times the same for
+    each, and one search serves them all.
+
+    The key hashes the kernel's generated source (its shapes and strides are literals in
+    it), its launch's argument dtypes, and its heuristic variant, config, sizes and dtype.
+    A matmul whose heuristic is an ATen call generates only its epilogue, which says little
+    about the matmul, so the key takes that kernel's Triton-template source instead."""
+    import compiler
+
+    probe = copy.deepcopy(base)
+    for kernel in probe["kernels"]:
+        if kernel["variant"] == "aten":
+            kernel["variant"], kernel["source_hash"] = "triton", None
+    if probe != base:
+        built = compiler.build(graph, compiler.Schedule.from_json(probe))
+    args = {launch.kernel: [str(d) for d in launch.arg_dtypes] for launch in built.launches()}
+    keys = {}
+    for kernel, entry in zip(built.kernels, base["kernels"], strict=True):
+        ident = {"source": kernel.source_hash, "args": args.get(kernel.name), "kind": entry["kind"],
+                 "variant": entry["variant"], "config": entry["config"], "sizes": entry["sizes"],
+                 "dtype": entry["dtype"]}
+        keys[entry["name"]] = hashlib.sha256(records.canonical(ident).encode()).hexdigest()
+    return keys
 
 
 def _kernel_hash(built: Any, kernel: str) -> str | None:
