@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api.deps import TokenRoles
+from service.api.openapi import install_docs
 from service.api.loopback import BrowserGuardMiddleware
 from service.api.routes import admin, graphs, health, jobs, schedules
 from service.context import HitBuffer, ServiceContext
@@ -69,7 +70,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
             upkeep.join(timeout=10)
             await app.state.reader.close()
 
-    app = FastAPI(title="kiln", version="1", lifespan=lifespan,
+    app = FastAPI(title="kiln", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Remote torch.compile backend: schedules for aten graphs.")
     app.state.ctx = ctx
     # The dashboard reads these three (service/dashboard/deps.py).
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     app.add_middleware(BrowserGuardMiddleware, loopback=ctx.settings.loopback)
     for module in (graphs, schedules, jobs, admin, health):
         app.include_router(module.router)
+    install_docs(app)  # /docs without a CDN, security schemes and response schemas
     _mount_dashboard(app)
     return app
 
