@@ -1,4 +1,5 @@
-"""Bearer tokens: random, shown once, stored only as sha256; roles client and admin."""
+"""Bearer tokens: random, shown once, stored only as sha256; roles client and admin.
+Dashboard sessions: a random id in the cookie, its sha256 in the database, revocable."""
 
 from __future__ import annotations
 
@@ -6,14 +7,20 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from service.models import TokenRow
+from service.models import DashboardSessionRow, TokenRow, utcnow
 
 ROLES = ("client", "admin")
 TOKEN_PREFIX = "kiln_"
+# A configured admin token must be at least this long with this many distinct characters:
+# `kiln token create` and `kiln serve` make 43 random ones; "admin-secret" is refused.
+MIN_ADMIN_TOKEN_CHARS = 24
+MIN_ADMIN_TOKEN_DISTINCT = 10
+SESSION_TTL_S = 24 * 3600  # a browser session; the operator logs in again after a day
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,12 @@ class Principal:
 
     role: str | None  # None: anonymous (allowed only for client routes on loopback)
     ident: str
+
+    @property
+    def owner(self) -> str | None:
+        """Whose jobs these are: the token's hash; None for an anonymous caller on loopback,
+        who shares the one scope of this machine and sees every job."""
+        return self.ident.removeprefix("token:") if self.ident.startswith("token:") else None
 
 
 def hash_token(token: str) -> str:
@@ -52,3 +65,39 @@ def resolve_token(session: Session, token: str, admin_token: str | None) -> str 
     if row is None or row.revoked:
         return None
     return row.role
+
+
+def admin_token_weakness(token: str) -> str | None:
+    """Why a configured admin token is too weak to guard a public bind, or None."""
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        return f"it has {len(token)} characters; at least {MIN_ADMIN_TOKEN_CHARS} are needed"
+    if len(set(token)) < MIN_ADMIN_TOKEN_DISTINCT:
+        return f"it uses fewer than {MIN_ADMIN_TOKEN_DISTINCT} distinct characters"
+    return None
+
+
+def create_session(session: Session, admin_token: str, ttl_s: float = SESSION_TTL_S) -> str:
+    """Open a dashboard session for a checked admin token; returns the id for the cookie
+    (only its sha256 is stored, with the hash of the token that opened it)."""
+    sid = secrets.token_urlsafe(32)
+    now = utcnow()
+    session.add(DashboardSessionRow(id_hash=hash_token(sid), token_hash=hash_token(admin_token),
+                                    created_at=now, expires_at=now + timedelta(seconds=ttl_s)))
+    return sid
+
+
+def session_is_admin(session: Session, sid: str, admin_token: str | None) -> bool:
+    """True while the dashboard session `sid` exists, has not expired, and the admin token
+    that opened it is still valid (the configured one, or a stored one not revoked)."""
+    row = session.get(DashboardSessionRow, hash_token(sid))
+    if row is None or row.expires_at <= utcnow():
+        return False
+    if admin_token and hmac.compare_digest(row.token_hash, hash_token(admin_token)):
+        return True
+    token = session.scalars(select(TokenRow).where(TokenRow.token_hash == row.token_hash)).one_or_none()
+    return token is not None and not token.revoked and token.role == "admin"
+
+
+def end_session(session: Session, sid: str) -> None:
+    """Log out: the session id stops working at once, wherever the cookie was copied."""
+    session.execute(delete(DashboardSessionRow).where(DashboardSessionRow.id_hash == hash_token(sid)))

@@ -193,6 +193,27 @@ class TokenRow(Base):
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+class DashboardSessionRow(Base):
+    """A dashboard login: the cookie holds a random id, this row its sha256. Logout deletes
+    the row; revoking the admin token that opened it ends it too."""
+
+    __tablename__ = "dashboard_sessions"
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), index=True)  # the admin token used
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class JobOwnerRow(Base):
+    """Who submitted a job's key: a token's hash (anonymous loopback callers are not
+    recorded). A client token reads only the jobs it submitted."""
+
+    __tablename__ = "job_owners"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
 class LookupCountRow(Base):
     """Hits and misses (by reason) per minute, for the stats page and its hit-rate series."""
 

@@ -1,9 +1,11 @@
-"""Per-token rate limit: a token bucket per identity, in the API process."""
+"""Per-token rate limit (a token bucket per identity) and the throttle on failed
+authentication (per client address), both in the API process."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 
 
 class RateLimiter:
@@ -30,3 +32,33 @@ class RateLimiter:
                 self._buckets.clear()  # bounded memory under an identity flood
             self._buckets[ident] = (tokens - 1.0, now)
             return 0.0
+
+
+class FailureThrottle:
+    """Refuse an address after `limit` failed authentications (unknown bearer tokens, wrong
+    dashboard logins) within `window_s` seconds, so tokens cannot be guessed at speed."""
+
+    def __init__(self, limit: int = 20, window_s: float = 60.0, max_addresses: int = 10_000) -> None:
+        self.limit, self.window_s, self.max_addresses = limit, window_s, max_addresses
+        self._lock = threading.Lock()
+        self._failures: dict[str, deque[float]] = {}
+
+    def blocked_for(self, address: str) -> float:
+        """Seconds until `address` may try again (0 when it may now)."""
+        now = time.monotonic()
+        with self._lock:
+            failures = self._failures.get(address)
+            if not failures:
+                return 0.0
+            while failures and now - failures[0] > self.window_s:
+                failures.popleft()
+            if len(failures) < self.limit:
+                return 0.0
+            return self.window_s - (now - failures[0])
+
+    def failed(self, address: str) -> None:
+        """Record one failed authentication from `address`."""
+        with self._lock:
+            if len(self._failures) > self.max_addresses:  # bounded memory under a spray
+                self._failures.clear()
+            self._failures.setdefault(address, deque(maxlen=self.limit)).append(time.monotonic())

@@ -14,6 +14,7 @@ from service.db import insert_ignore, upsert_add
 from service.models import (
     GraphRow,
     JobEventRow,
+    JobOwnerRow,
     JobRow,
     KernelRow,
     LookupCountRow,
@@ -110,6 +111,16 @@ def submit(session: Session, sub: Submission) -> tuple[ScheduleRow, JobRow, bool
     if not enqueue and job.status == "queued" and job.needs_enqueue:
         enqueue = True  # its first enqueue failed: this submission puts it on the queue
     return entry, job, enqueue
+
+
+def add_job_owner(session: Session, job_id: int, owner: str) -> None:
+    """Record that `owner` (a token's hash) submitted this job's key."""
+    insert_ignore(session, JobOwnerRow.__table__, {"job_id": job_id, "owner": owner})
+
+
+def job_visible(session: Session, job_id: int, owner: str) -> bool:
+    """Whether `owner` submitted this job's key (and so may read the job)."""
+    return session.get(JobOwnerRow, (job_id, owner)) is not None
 
 
 def requeue(session: Session, job: JobRow, stage: str, why: str) -> None:

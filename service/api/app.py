@@ -13,14 +13,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api.deps import TokenRoles
-from service.api.openapi import install_docs
 from service.api.loopback import BrowserGuardMiddleware
+from service.api.openapi import install_docs
 from service.api.routes import admin, graphs, health, jobs, schedules
 from service.context import HitBuffer, ServiceContext
 from service.errors import install_error_handlers
 from service.hotpath import ScheduleReader
 from service.metrics import MetricsMiddleware
-from service.ratelimit import RateLimiter
+from service.ratelimit import FailureThrottle, RateLimiter
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     app.state.hits = HitBuffer()
     app.state.limiter = RateLimiter(ctx.settings.rate_limit_per_s, ctx.settings.rate_limit_burst)
     app.state.token_roles = TokenRoles()
+    app.state.auth_failures = FailureThrottle()  # bearer tokens and dashboard logins
     app.state.reader = ScheduleReader(ctx)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)

@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from service.auth import Principal, hash_token, resolve_token
+from service.auth import Principal, hash_token, resolve_token, session_is_admin
 from service.context import HitBuffer, ServiceContext
 from service.errors import ApiError
-from service.ratelimit import RateLimiter
+from service.ratelimit import FailureThrottle, RateLimiter
 
 ADMIN_COOKIE = "kiln_admin"
 _TOKEN_CACHE_S = 30.0  # a revoked token stops working within this long
@@ -34,6 +34,12 @@ class TokenRoles:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[str | None, float]] = {}
+
+    def known(self, token: str) -> str | None:
+        """The role of a token recently found valid, without a query (None: not known)."""
+        with self._lock:
+            hit = self._cache.get(hash_token(token))
+        return hit[0] if hit and time.monotonic() - hit[1] < _TOKEN_CACHE_S else None
 
     async def role(self, ctx: ServiceContext, token: str) -> str | None:
         digest = hash_token(token)
@@ -75,43 +81,73 @@ def _limit(request: Request, principal: Principal) -> Principal:
     return principal
 
 
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+async def _token_role(request: Request, ctx: ServiceContext, token: str) -> str:
+    """The role of a presented token. Unknown tokens count against the caller's address; an
+    address with too many is refused for a while (a token recently valid still passes, so
+    one guesser behind a shared address does not lock out the fleet behind it)."""
+    roles: TokenRoles = request.app.state.token_roles
+    known = roles.known(token)
+    if known is not None:
+        return known
+    throttle: FailureThrottle = request.app.state.auth_failures
+    wait = throttle.blocked_for(_address(request))
+    if wait:
+        raise ApiError(429, "too_many_failures", f"too many unknown tokens from this address; "
+                       f"retry in {wait:.0f} s", {"Retry-After": str(max(1, round(wait)))})
+    role = await roles.role(ctx, token)
+    if role is None:
+        throttle.failed(_address(request))
+        raise ApiError(401, "unauthorized", "unknown or revoked token",
+                       {"WWW-Authenticate": "Bearer"})
+    return role
+
+
 async def client_principal(request: Request) -> Principal:
     """Caller of a client endpoint: any valid token; no token only on a loopback bind."""
     ctx = get_ctx(request)
     token = _bearer(request)
     if token is None:
         if ctx.settings.loopback:
-            host = request.client.host if request.client else "local"
-            return _limit(request, Principal(None, f"ip:{host}"))
+            return _limit(request, Principal(None, f"ip:{_address(request)}"))
         raise ApiError(401, "unauthorized", "a bearer token is required (kiln token create)",
                        {"WWW-Authenticate": "Bearer"})
-    role = await request.app.state.token_roles.role(ctx, token)
-    if role is None:
-        raise ApiError(401, "unauthorized", "unknown or revoked token",
-                       {"WWW-Authenticate": "Bearer"})
+    role = await _token_role(request, ctx, token)
     return _limit(request, Principal(role, f"token:{hash_token(token)}"))
 
 
 async def admin_principal(request: Request) -> Principal:
-    """Caller of an admin endpoint: an admin token, as bearer or the dashboard cookie."""
+    """Caller of an admin endpoint: an admin token as bearer, or (reads only) the
+    dashboard's session cookie."""
     ctx = get_ctx(request)
     bearer = _bearer(request)
-    token = bearer or request.cookies.get(ADMIN_COOKIE)
-    if not token:
-        raise ApiError(401, "unauthorized", "an admin token is required",
-                       {"WWW-Authenticate": "Bearer"})
-    if bearer is None and request.method not in ("GET", "HEAD", "OPTIONS"):
-        # A browser sends the cookie with any form post from the same site (another port
-        # or subdomain): only reads may ride on it; the dashboard's own forms carry CSRF tokens.
-        raise ApiError(403, "forbidden", "state-changing admin calls need the Authorization "
-                       "header; the dashboard cookie only allows reads")
-    role = await request.app.state.token_roles.role(ctx, token)
-    if role is None:
-        raise ApiError(401, "unauthorized", "unknown or revoked token",
-                       {"WWW-Authenticate": "Bearer"})
+    if bearer is None:
+        sid = request.cookies.get(ADMIN_COOKIE)
+        if not sid:
+            raise ApiError(401, "unauthorized", "an admin token is required",
+                           {"WWW-Authenticate": "Bearer"})
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            # A browser sends the cookie with any form post from the same site (another
+            # port or subdomain): only reads may ride on it; the dashboard's own forms carry
+            # CSRF tokens.
+            raise ApiError(403, "forbidden", "state-changing admin calls need the "
+                           "Authorization header; the dashboard cookie only allows reads")
+        if not await run_in_threadpool(_session_is_admin, ctx, sid):
+            raise ApiError(401, "unauthorized", "the dashboard session ended; log in again",
+                           {"WWW-Authenticate": "Bearer"})
+        return _limit(request, Principal("admin", f"session:{hash_token(sid)}"))
+    role = await _token_role(request, ctx, bearer)
     if role != "admin":
         raise ApiError(403, "forbidden", "this endpoint needs an admin token")
-    return _limit(request, Principal(role, f"token:{hash_token(token)}"))
+    return _limit(request, Principal(role, f"token:{hash_token(bearer)}"))
+
+
+def _session_is_admin(ctx: ServiceContext, sid: str) -> bool:
+    with ctx.transaction() as session:
+        return session_is_admin(session, sid, ctx.settings.admin_token)
 
 
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]

@@ -1,15 +1,14 @@
 """The `/admin` dashboard: server-rendered pages over `service.admin_queries`.
 
-Every page needs the admin token (from the `kiln_admin` cookie set at login); without it
-a page redirects to the login form and shows no data. Actions are POST forms with a
-double-submit CSRF token and a confirmation step.
+Every page needs an admin session (its id in the `kiln_admin` cookie set at login); without it
+a page redirects to the login form and shows no data. Actions are POST forms with a CSRF
+token bound to the session (service/dashboard/security.py) and a confirmation step.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from service import admin_queries
 from service.api.routes.schedules import KEY_RE
+from service.auth import SESSION_TTL_S
 from service.dashboard import deps, security, views
 from service.dashboard.highlight import stylesheet
 
@@ -31,7 +31,6 @@ _STATIC = {name: _HERE / "static" / name for name in ("dashboard.css", "dashboar
 _MEDIA = {".css": "text/css", ".js": "text/javascript"}
 _KEY_CHARS = frozenset("0123456789abcdef")
 JOB_STATUSES = ("queued", "running", "done", "failed")
-_THROTTLE_LOCK = threading.Lock()
 
 templates = Jinja2Templates(directory=str(_HERE / "templates"))
 templates.env.globals.update(
@@ -50,8 +49,8 @@ def _login_redirect(request: Request, target: str | None = None) -> RedirectResp
 
 
 def _is_admin(request: Request, session: Session) -> bool:
-    token = security.session_token(request)
-    return token is not None and deps.is_admin_token(request, session, token)
+    sid = security.session_id(request)
+    return sid is not None and deps.is_admin_session(request, session, sid)
 
 
 def _logged_in(request: Request) -> bool:
@@ -90,15 +89,6 @@ def login_form(request: Request, next: str | None = None) -> Response:
                    logged_in=False)
 
 
-def _throttle(request: Request) -> security.LoginThrottle:
-    """The app's login throttle, made on first use (one per app, shared by its threads)."""
-    state = request.app.state
-    with _THROTTLE_LOCK:
-        if getattr(state, "kiln_login_throttle", None) is None:
-            state.kiln_login_throttle = security.LoginThrottle()
-        return state.kiln_login_throttle
-
-
 @router.post("/login", response_class=HTMLResponse)
 def login(request: Request, token: Annotated[str, Form()] = "",
           csrf_token: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "") -> Response:
@@ -108,7 +98,7 @@ def login(request: Request, token: Annotated[str, Form()] = "",
         return _render(request, "login.html", {"next": target, "error":
                        "The form expired; please log in again."}, status=403, logged_in=False)
     address = request.client.host if request.client else "unknown"
-    throttle = _throttle(request)
+    throttle = deps.auth_failures(request)
     wait = throttle.blocked_for(address)
     if wait:
         response = _render(request, "login.html", {"next": target, "error":
@@ -117,28 +107,33 @@ def login(request: Request, token: Annotated[str, Form()] = "",
         response.headers["Retry-After"] = str(max(1, round(wait)))
         return response
     token = token.strip()
+    sid = None
     if token and len(token) <= 512:
         with deps.transaction(request) as session:
-            accepted = deps.is_admin_token(request, session, token)
-    else:
-        accepted = False
-    if not accepted:
+            if deps.is_admin_token(request, session, token):
+                sid = deps.open_session(request, session, token)
+    if sid is None:
         throttle.failed(address)
         log.info("dashboard login refused from %s", address)
         return _render(request, "login.html", {"next": target, "error":
                        "That is not an admin token."}, status=401, logged_in=False)
     response = RedirectResponse(target, status_code=303)
-    security.set_session_cookie(response, request, token)
+    security.set_session_cookie(response, request, sid, SESSION_TTL_S)
     return response
 
 
 @router.post("/logout")
 def logout(request: Request, csrf_token: Annotated[str, Form()] = "") -> Response:
-    """Forget the session cookie (CSRF-checked, so no other site can log the operator out)."""
+    """End the session on the server and forget its cookie (CSRF-checked, so no other site
+    can log the operator out)."""
     if not security.csrf_valid(request, csrf_token):
         return _render(request, "error.html", {"heading": "Form expired", "message":
                        "The form's security token did not match; reload the page and try "
                        "again."}, status=403, logged_in=False)
+    sid = security.session_id(request)
+    if sid is not None:
+        with deps.transaction(request) as session:
+            deps.close_session(session, sid)
     response = RedirectResponse("/admin/login", status_code=303)
     security.clear_session_cookie(response, request)
     return response

@@ -1,17 +1,18 @@
 """Dashboard session cookie and CSRF protection.
 
-The admin token lives only in the `kiln_admin` cookie (HttpOnly, SameSite=Strict, Secure
-over https), never in a URL. Every state-changing form carries a double-submit CSRF token:
-a random value in the `kiln_csrf` cookie that the form must echo in its `csrf_token` field.
+Logging in opens a server-side session (service.auth): the `kiln_admin` cookie (HttpOnly,
+SameSite=Strict, Secure over https) holds only its random id, never the admin token, and
+logout deletes it. Every state-changing form carries a CSRF token: with a session, an HMAC
+of the session id (unknowable to another page, even one that can plant cookies from another
+port of the same host); before login, a random value double-submitted in the `kiln_csrf`
+cookie.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
-import threading
-import time
-from collections import deque
 from urllib.parse import urlsplit
 
 from fastapi import Request
@@ -20,8 +21,6 @@ from starlette.responses import Response
 SESSION_COOKIE = "kiln_admin"
 CSRF_COOKIE = "kiln_csrf"
 CSRF_FIELD = "csrf_token"
-# A browser session; the operator logs in again after a day.
-SESSION_MAX_AGE_S = 24 * 3600
 # Defence in depth for every page: only our own script runs, nothing frames the dashboard,
 # forms post only to it, and pages holding data are never cached. Inline styles stay
 # allowed: matplotlib's SVG carries style attributes.
@@ -39,9 +38,9 @@ def _secure(request: Request) -> bool:
     return request.url.scheme == "https"
 
 
-def set_session_cookie(response: Response, request: Request, token: str) -> None:
-    """Keep the admin token in an HttpOnly, SameSite=Strict cookie for the whole service."""
-    response.set_cookie(SESSION_COOKIE, token, max_age=SESSION_MAX_AGE_S, path="/",
+def set_session_cookie(response: Response, request: Request, sid: str, max_age_s: int) -> None:
+    """Keep the session id in an HttpOnly, SameSite=Strict cookie for the whole service."""
+    response.set_cookie(SESSION_COOKIE, sid, max_age=max_age_s, path="/",
                         httponly=True, samesite="strict", secure=_secure(request))
 
 
@@ -51,13 +50,21 @@ def clear_session_cookie(response: Response, request: Request) -> None:
                            secure=_secure(request))
 
 
-def session_token(request: Request) -> str | None:
-    """The admin token from the session cookie, or None."""
+def session_id(request: Request) -> str | None:
+    """The session id from the session cookie, or None."""
     return request.cookies.get(SESSION_COOKIE) or None
 
 
+def _session_csrf(sid: str) -> str:
+    return hmac.new(sid.encode(), b"kiln-dashboard-csrf", hashlib.sha256).hexdigest()
+
+
 def csrf_token(request: Request) -> str:
-    """The CSRF token for this browser: the cookie's value, or a fresh one to be set."""
+    """The CSRF token for this browser: bound to its session id when it has one, else the
+    double-submit cookie's value (or a fresh one to be set)."""
+    sid = session_id(request)
+    if sid is not None:
+        return _session_csrf(sid)
     existing = request.cookies.get(CSRF_COOKIE)
     if existing and 20 <= len(existing) <= 100:
         return existing
@@ -77,11 +84,13 @@ def ensure_csrf_cookie(response: Response, request: Request) -> None:
 
 
 def csrf_valid(request: Request, submitted: str | None) -> bool:
-    """True when the form's token equals the cookie's (constant-time comparison)."""
-    cookie = request.cookies.get(CSRF_COOKIE)
-    if not cookie or not submitted:
+    """True when the form's token is the one `csrf_token` gives this request (constant-time
+    comparison)."""
+    sid = session_id(request)
+    expected = _session_csrf(sid) if sid is not None else request.cookies.get(CSRF_COOKIE)
+    if not expected or not submitted:
         return False
-    return hmac.compare_digest(cookie.encode(), submitted.encode())
+    return hmac.compare_digest(expected.encode(), submitted.encode())
 
 
 def safe_next(target: str | None) -> str:
@@ -93,33 +102,3 @@ def safe_next(target: str | None) -> str:
             or parts.path.startswith("/admin/login") or "\\" in target:
         return "/admin"
     return parts.path + (f"?{parts.query}" if parts.query else "")
-
-
-class LoginThrottle:
-    """Refuse logins from an address after `limit` failures within `window_s` seconds, so a
-    weak configured admin token cannot be guessed through the form."""
-
-    def __init__(self, limit: int = 10, window_s: float = 60.0) -> None:
-        self.limit, self.window_s = limit, window_s
-        self._lock = threading.Lock()
-        self._failures: dict[str, deque[float]] = {}
-
-    def blocked_for(self, address: str) -> float:
-        """Seconds until `address` may try again (0 when it may now)."""
-        now = time.monotonic()
-        with self._lock:
-            failures = self._failures.get(address)
-            if not failures:
-                return 0.0
-            while failures and now - failures[0] > self.window_s:
-                failures.popleft()
-            if len(failures) < self.limit:
-                return 0.0
-            return self.window_s - (now - failures[0])
-
-    def failed(self, address: str) -> None:
-        """Record one failed login from `address`."""
-        with self._lock:
-            if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
-                self._failures.clear()
-            self._failures.setdefault(address, deque(maxlen=self.limit)).append(time.monotonic())

@@ -98,7 +98,7 @@ def test_wrong_token_client_token_and_missing_csrf_are_refused(app_ctx) -> None:
     assert _login(client, token=client_token).status_code == 401
     client.cookies.set("kiln_admin", client_token)  # a client token planted in the cookie
     assert client.get("/admin").status_code == 303
-    assert client.get("/v1/admin/entries").status_code == 403
+    assert client.get("/v1/admin/entries").status_code == 401
     client.cookies.delete("kiln_admin")
     response = client.post("/admin/login", data={"token": ADMIN_TOKEN, "csrf_token": "forged"})
     assert response.status_code == 403
@@ -214,11 +214,57 @@ def test_retune_from_the_entry_page_queues_a_job(app_ctx) -> None:
 
 
 def test_repeated_wrong_logins_are_throttled(app_ctx) -> None:
-    from service.dashboard.security import LoginThrottle
+    from service.ratelimit import FailureThrottle
 
     client, _, _ = app_ctx
-    client.app.state.kiln_login_throttle = LoginThrottle(limit=3, window_s=60)
+    client.app.state.auth_failures = FailureThrottle(limit=3, window_s=60)
     assert [_login(client, token="kiln_guess").status_code for _ in range(3)] == [401] * 3
     response = _login(client)  # even the right token waits out the lockout
     assert response.status_code == 429 and int(response.headers["retry-after"]) >= 1
     assert "kiln_admin" not in response.headers.get("set-cookie", "")
+
+
+def test_the_cookie_holds_a_session_id_that_logout_revokes(app_ctx) -> None:
+    client, _, key = app_ctx
+    assert _login(client).status_code == 303
+    sid = client.cookies.get("kiln_admin")
+    assert sid and ADMIN_TOKEN not in sid and sid != auth.hash_token(ADMIN_TOKEN)
+    assert client.post("/admin/logout", data={"csrf_token": _csrf(client, "/admin")}
+                       ).status_code == 303
+    # A copy of the cookie taken before logout (another tab, a stolen cookie) is dead too.
+    client.cookies.set("kiln_admin", sid)
+    assert client.get(f"/admin/entries/{key}").status_code == 303
+    assert client.get("/v1/admin/entries").status_code == 401
+
+
+def test_revoking_the_admin_token_ends_its_sessions(app_ctx) -> None:
+    client, ctx, _ = app_ctx
+    with ctx.transaction() as session:
+        token = auth.create_token(session, "admin", name="operator")
+    _login(client, token=token)
+    assert client.get("/admin").status_code == 200
+    with ctx.transaction() as session:
+        session.execute(update(TokenRow).where(TokenRow.token_hash == auth.hash_token(token))
+                        .values(revoked=True))
+    assert client.get("/admin").status_code == 303
+
+
+def test_an_expired_session_is_refused(app_ctx) -> None:
+    client, ctx, _ = app_ctx
+    with ctx.transaction() as session:
+        sid = auth.create_session(session, ADMIN_TOKEN, ttl_s=-1)
+    client.cookies.set("kiln_admin", sid)
+    assert client.get("/admin").status_code == 303
+
+
+def test_a_planted_csrf_cookie_does_not_pass_once_logged_in(app_ctx) -> None:
+    # Another port of the same host can set cookies for this one; a CSRF value of its
+    # choosing, planted and echoed, must not authorise an action in the operator's session.
+    client, _, key = app_ctx
+    _login(client)
+    client.cookies.set("kiln_csrf", "planted-by-another-port-0123456789", path="/admin")
+    response = client.post(f"/admin/entries/{key}/invalidate",
+                           data={"csrf_token": "planted-by-another-port-0123456789",
+                                 "confirmed": "yes"})
+    assert response.status_code == 403
+    assert client.get(f"/admin/entries/{key}").status_code == 200

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from service import store
 from service.api.app import create_app
-from service.auth import create_token
+from service.auth import create_session, create_token
 from service.context import ServiceContext
 from tests.service.helpers import gpu_target, wire_body
 
@@ -100,7 +100,11 @@ def test_admin_routes_need_an_admin_token(client: TestClient, pg_ctx: ServiceCon
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
         assert client.request(method, path, headers={"Authorization": "Bearer nope"}).status_code == 401
     assert client.get("/v1/admin/jobs", headers=ADMIN).status_code == 200
-    client.cookies.set("kiln_admin", "admin-secret")
+    client.cookies.set("kiln_admin", "admin-secret")  # the cookie holds a session id, never a token
+    assert client.get("/v1/admin/jobs").status_code == 401
+    with pg_ctx.transaction() as session:
+        sid = create_session(session, "admin-secret")
+    client.cookies.set("kiln_admin", sid)
     assert client.get("/v1/admin/jobs").status_code == 200
 
 

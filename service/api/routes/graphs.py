@@ -29,17 +29,21 @@ _BODY_SCHEMA = {
 }
 
 
-def _record(ctx: ServiceContext, sub: Submission) -> tuple[int, dict]:
+def _record(ctx: ServiceContext, sub: Submission, owner: str | None) -> tuple[int, dict]:
     with ctx.transaction() as session:
         entry = store.schedule_by_key(session, sub.key)
         if entry is not None and entry.status in store.READY:
             job = store.job_by_key(session, sub.key)
+            if job is not None and owner is not None:
+                store.add_job_owner(session, job.id, owner)
             store.count_lookup(session, "hit")
             LOOKUPS.labels("hit").inc()
             SUBMISSIONS.labels("known").inc()
             return _answer(entry.key, entry.status, entry.schedule, job.id if job else None)
         reason = store.miss_reason(session, sub.key, sub.graph_hash, sub.target)
         entry, job, enqueue = store.submit(session, sub)
+        if owner is not None:
+            store.add_job_owner(session, job.id, owner)
         store.count_lookup(session, reason)
         LOOKUPS.labels(reason).inc()
     SUBMISSIONS.labels("new" if enqueue else "joined").inc()
@@ -59,10 +63,11 @@ def _answer(key: str, status: str, schedule: str | None, job_id: int | None) -> 
 @router.post("/graphs", openapi_extra={"requestBody": _BODY_SCHEMA},
              responses={200: {"description": "tuned schedule"}, 202: {"description": "pending"},
                         413: {"description": "too large"}, 422: {"description": "bad graph"}})
-async def submit_graph(request: Request, ctx: Ctx, _who: Client) -> JSONResponse:
+async def submit_graph(request: Request, ctx: Ctx, who: Client) -> JSONResponse:
     """Submit `{"graph", "target", "tag"?}`: 200 with the tuned schedule, else 202 with the
-    job (and the heuristic schedule once there is one). One job per tuning key."""
+    job (and the heuristic schedule once there is one). One job per tuning key; the caller
+    becomes one of its owners, who alone (with admins) may read it."""
     body = await read_body(request, ctx.settings.body_limit)
     sub, _graph = await run_in_threadpool(parse_submission, body)
-    status, answer = await run_in_threadpool(_record, ctx, sub)
+    status, answer = await run_in_threadpool(_record, ctx, sub, who.owner)
     return JSONResponse(answer, status_code=status)

@@ -15,11 +15,15 @@ router = APIRouter(prefix="/v1", tags=["jobs"])
 
 
 @router.get("/jobs/{job_id}")
-def get_job(ctx: Ctx, _who: Client,
+def get_job(ctx: Ctx, who: Client,
             job_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
-    """Status, progress, attempts, error and status history of a job."""
+    """Status, progress, attempts, error and status history of a job. A client token sees
+    only the jobs of keys it submitted (others answer 404, as if absent); admins, and the
+    anonymous callers of a loopback bind, see all."""
     with ctx.transaction() as session:
         job = session.get(JobRow, job_id)
-        if job is None:
+        hidden = who.role == "client" and who.owner is not None \
+            and not store.job_visible(session, job_id, who.owner)
+        if job is None or hidden:
             raise ApiError(404, "not_found", f"no job {job_id}")
         return store.job_dict(session, job)
