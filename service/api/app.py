@@ -15,7 +15,9 @@ from fastapi import FastAPI
 from service.api.deps import TokenRoles
 from service.api.loopback import BrowserGuardMiddleware
 from service.api.openapi import install_docs
+from service.api.private_docs import PrivateDocsMiddleware
 from service.api.routes import admin, graphs, health, jobs, schedules
+from service.auth import admin_token_weakness
 from service.context import HitBuffer, ServiceContext
 from service.errors import install_error_handlers
 from service.hotpath import ScheduleReader
@@ -48,6 +50,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     thread, which times candidates in a spawned child of its own (tuner.runner).
     Migrations are not run here: `kiln db upgrade` is its own step."""
     ctx = ctx or ServiceContext(settings or Settings.from_env())
+    _refuse_weak_admin_token(ctx.settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,6 +85,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     app.state.reader = ScheduleReader(ctx)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(PrivateDocsMiddleware, loopback=ctx.settings.loopback)
     # Added last, so it runs first: refused requests never reach a route or read a body.
     app.add_middleware(BrowserGuardMiddleware, loopback=ctx.settings.loopback)
     for module in (graphs, schedules, jobs, admin, health):
@@ -101,6 +105,15 @@ def _start_workers(ctx: ServiceContext, cpu: bool, gpu_devices: Sequence[str]) -
         worker.start_thread()
         log.info("embedded worker %s serves %s", worker.id, ", ".join(worker.streams))
     return workers
+
+
+def _refuse_weak_admin_token(settings: Settings) -> None:
+    """A public bind guarded by a guessable admin token does not start."""
+    weakness = settings.admin_token and admin_token_weakness(settings.admin_token)
+    if weakness and not settings.loopback:
+        raise ValueError(f"KILN_ADMIN_TOKEN is too weak for a public bind ({weakness}); set a "
+                         "long random one, or leave it unset and use `kiln token create "
+                         "--role admin`")
 
 
 def _mount_dashboard(app: FastAPI) -> None:

@@ -109,7 +109,8 @@ def test_admin_routes_need_an_admin_token(client: TestClient, pg_ctx: ServiceCon
 
 
 def test_off_loopback_every_endpoint_needs_a_token(pg_ctx: ServiceContext) -> None:
-    pg_ctx.settings = pg_ctx.settings.model_copy(update={"host": "0.0.0.0"})
+    pg_ctx.settings = pg_ctx.settings.model_copy(update={
+        "host": "0.0.0.0", "admin_token": "kiln_a-long-random-admin-token-0123456789"})
     with TestClient(create_app(ctx=pg_ctx), base_url="http://127.0.0.1") as c:
         r = c.get(f"/v1/schedules/{'a' * 64}")
         assert r.status_code == 401 and "token" in r.json()["error"]["message"]

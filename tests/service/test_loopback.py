@@ -44,7 +44,8 @@ def test_loopback_names_are_served(client: TestClient, host: str) -> None:
 
 
 def test_any_host_reaches_a_public_bind_where_tokens_are_required(pg_ctx: ServiceContext) -> None:
-    pg_ctx.settings = pg_ctx.settings.model_copy(update={"host": "0.0.0.0"})
+    pg_ctx.settings = pg_ctx.settings.model_copy(update={
+        "host": "0.0.0.0", "admin_token": "kiln_a-long-random-admin-token-0123456789"})
     with TestClient(create_app(ctx=pg_ctx), base_url="http://kiln.example") as c:
         assert c.get(f"/v1/schedules/{KEY}").status_code == 401
 

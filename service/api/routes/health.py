@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from service import admin_queries
-from service.api.deps import Client, Ctx
+from service.api.deps import Client, Ctx, client_principal
+from service.context import ServiceContext
 from service.metrics import ENTRIES, JOBS, QUEUE_DEPTH, REGISTRY, WORKERS
 from service.queue import QueueUnavailable
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
 
 
@@ -21,22 +26,37 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
-def readyz(ctx: Ctx) -> JSONResponse:
-    """200 when the database and the queue answer, else 503 naming what is down."""
+def _checks(ctx: ServiceContext) -> dict[str, str]:
+    """Each dependency `ok` or `down: <what kind of failure>`; never an address or a
+    password (the full error goes to the log)."""
     checks: dict[str, str] = {}
     try:
         with ctx.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as exc:  # any failure means not ready
+        log.warning("readiness: database down: %s", exc)
         checks["database"] = f"down: {type(exc).__name__}"
     try:
         ctx.queue.ping()
         checks["queue"] = "ok"
     except QueueUnavailable as exc:
-        checks["queue"] = f"down: {exc}"
+        log.warning("readiness: queue down: %s", exc)
+        checks["queue"] = "down: it does not answer"
+    return checks
+
+
+@router.get("/readyz")
+async def readyz(request: Request, ctx: Ctx) -> JSONResponse:
+    """200 when the database and the queue answer, else 503. Which one is down is shown on
+    loopback or to a caller with a token; on a public bind anyone else gets only the status."""
+    checks = await run_in_threadpool(_checks, ctx)
     ready = all(v == "ok" for v in checks.values())
+    if not ctx.settings.loopback and request.headers.get("authorization") is None:
+        return JSONResponse({"status": "ready" if ready else "not_ready"},
+                            status_code=200 if ready else 503)
+    if not ctx.settings.loopback:
+        await client_principal(request)  # a presented token must be valid to see details
     if ready:
         return JSONResponse({"status": "ready", "checks": checks})
     return JSONResponse({"error": {"code": "not_ready", "message": "; ".join(
