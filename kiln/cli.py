@@ -169,6 +169,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Each process builds its app from the environment: hand it what this one decided.
         os.environ.update(KILN_ADMIN_TOKEN=settings.admin_token, KILN_HOST=settings.host,
                           KILN_PORT=str(settings.port), KILN_LOG_LEVEL=args.log_level)
+        # One /metrics for all processes (service/metrics.py), in a directory of this run.
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            import tempfile
+
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kiln-metrics-")
         uvicorn.run("service.api.app:app_from_env", factory=True, workers=args.workers,
                     host=settings.host, port=settings.port, log_level=args.log_level,
                     access_log=False)

@@ -7,13 +7,12 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from service import admin_queries
 from service.api.deps import Client, Ctx, client_principal
 from service.context import ServiceContext
-from service.metrics import ENTRIES, JOBS, QUEUE_DEPTH, REGISTRY, WORKERS
+from service.metrics import CONTENT_TYPE_LATEST, ENTRIES, JOBS, QUEUE_DEPTH, WORKERS, exposition
 from service.queue import QueueUnavailable
 
 log = logging.getLogger(__name__)
@@ -84,4 +83,4 @@ def metrics(ctx: Ctx, _who: Client) -> Response:
             alive[kind] = alive.get(kind, 0) + 1
     for kind in ("cpu", "cuda"):
         WORKERS.labels(kind).set(alive.get(kind, 0))
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
