@@ -22,12 +22,14 @@ from tuner.records import Candidate, Measurement
 from tuner.runner import DEFAULT_TIMEOUT_S, Runner
 from tuner.search import Budget, BudgetClock, KernelSearch, pick_winner
 from tuner.space import candidates
+from tuner.timing import MIN_NOISE_FRACTION
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
-# A tuned whole graph this much slower than the heuristic one falls back to the heuristic.
-REGRESSION_MARGIN = 0.05
+# A tuned whole graph slower than the heuristic one (same run, same timer) falls back to the
+# heuristic: tuning never publishes a regression.
+REGRESSION_MARGIN = 0.0
 # Kernels under this fraction of the graph's kernel time are not worth a search.
 MIN_WEIGHT = 0.01
 
@@ -101,6 +103,24 @@ def _leaders(kernels: list[dict[str, Any]], twins: dict[str, str]) -> list[int]:
         key = twins.get(kernel["name"])
         out.append(i if key is None else first.setdefault(key, i))
     return out
+
+
+def _winner(search: KernelSearch) -> Measurement | None:
+    """The search's winner, or its heuristic start when the start is as fast within the
+    noise band: a config only changes for a measured gain."""
+    winner = pick_winner(search.measurements)
+    if winner is None or winner.candidate == search.start:
+        return winner
+    start = pick_winner([m for m in search.measurements if m.candidate == search.start])
+    band = max(MIN_NOISE_FRACTION, winner.noise / winner.ms if winner.ms else 0.0)
+    return start if start is not None and start.ms <= winner.ms * (1 + band) else winner
+
+
+def _no_winner(name: str, search: KernelSearch) -> str:
+    """Why a kernel keeps its heuristic config: no candidate, its start included, verified."""
+    failed = [m.error for m in search.measurements if m.error]
+    why = failed[0] if failed else "nothing measured"
+    return f"{name}: no verified candidate ({len(failed)} failed; first: {why}); keeps its heuristic config"
 
 
 def default_device(target: Any) -> str:
@@ -191,6 +211,9 @@ def _tune_loaded(
     if hasattr(runner, "prepare"):
         runner.prepare([starts[i] for i in leads])  # every heuristic point at once, in parallel
     errors: list[str] = []
+    if loaded.get("heuristic_miss"):
+        errors.append(f"heuristic build vs the aten graph: {loaded['heuristic_miss']}; candidates "
+                      "are judged against the heuristic build where it misses")
     eager = runner.time_graph(None)
     heuristic = runner.time_graph(base)
     for label, reply in (("eager", eager), ("heuristic", heuristic)):
@@ -241,7 +264,9 @@ def _tune_loaded(
         search, twin = searches[leader[i]], leader[i] != i
         if not twin:
             measurements.extend(search.measurements)
-        winner = pick_winner(search.measurements)
+        winner = _winner(search)
+        if winner is None and not twin:
+            errors.append(_no_winner(kernel["name"], search))
         chosen = winner.candidate if winner is not None else search.start
         chosen = Candidate(kernel["name"], chosen.variant, chosen.config_items)
         if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
@@ -273,7 +298,8 @@ def _tune_loaded(
         errors.append(f"tuned schedule: {final.get('error')}; keeping the heuristic configs")
         final = heuristic
         tuned = copy.deepcopy(base)
-    elif heuristic.get("ms") and final["ms"] > heuristic["ms"] * (1 + REGRESSION_MARGIN):
+    elif tuned["kernels"] != base["kernels"] and heuristic.get("ms") and \
+            final["ms"] > heuristic["ms"] * (1 + REGRESSION_MARGIN):
         # Kernels won in isolation but the whole graph got slower: trust the whole graph.
         errors.append(
             f"tuned graph {final['ms']:.4g} ms slower than heuristic {heuristic['ms']:.4g} ms; "

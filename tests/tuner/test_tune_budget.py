@@ -64,3 +64,45 @@ def test_same_measurements_give_the_same_schedule() -> None:
         for _ in range(2)
     ]
     assert runs[0] == runs[1]
+
+
+def test_a_kernel_whose_candidates_all_fail_keeps_its_config_and_the_rest_are_tuned() -> None:
+    import compiler
+
+    graph = _two_kernel_graph()
+    target = compiler.Target.named("sm_90", name="NVIDIA H200")
+    base = compiler.heuristic_schedule(graph, target).to_json()["kernels"]
+    broken, other = base[0]["name"], base[-1]["name"]
+    fake = FakeGraphRunner(
+        _cost_with_big(other),
+        fails=lambda c: "wrong_answer: output 0: injected" if c.kernel == broken else None)
+    result = tuner.tune(graph, target, tuner.Budget(trials=40), runner=fake)
+    tuned = {k["name"]: k for k in result.schedule.to_json()["kernels"]}
+    assert tuned[broken]["config"] == base[0]["config"]  # the heuristic config stays
+    assert tuned[other]["config"] != base[-1]["config"]  # the other kernel still got tuned
+    assert result.best_ms < result.heuristic_ms
+    assert any(e.startswith(f"{broken}: no verified candidate") and "injected" in e
+               for e in result.errors), result.errors
+
+
+def test_a_tuned_graph_slower_than_the_heuristic_is_not_published() -> None:
+    import compiler
+
+    graph = _two_kernel_graph()
+    target = compiler.Target.named("sm_90", name="NVIDIA H200")
+    base = compiler.heuristic_schedule(graph, target).to_json()["kernels"]
+
+    class WholeGraphDisagrees(FakeGraphRunner):
+        """Kernels win alone, but the whole tuned graph measures 1% slower."""
+
+        def time_graph(self, schedule_json: dict | None, fidelity: float = 1.0) -> dict:
+            if schedule_json is None or schedule_json["kernels"] == base:
+                return {"ms": 10.0, "error": None}
+            return {"ms": 10.1, "error": None}
+
+    result = tuner.tune(graph, target, tuner.Budget(trials=40),
+                        runner=WholeGraphDisagrees(_cost_with_big(base[-1]["name"])))
+    assert [k["config"] for k in result.schedule.to_json()["kernels"]] == \
+        [k["config"] for k in base]
+    assert result.best_ms == result.heuristic_ms == 10.0
+    assert any("slower than heuristic" in e for e in result.errors)

@@ -1,0 +1,1 @@
+"""GPU benchmark and end-to-end scripts (not part of the shipped packages)."""

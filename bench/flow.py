@@ -1,0 +1,358 @@
+"""The whole service flow on one GPU box: serve, tune, fetch, run — on the public model set.
+
+    python -m bench.flow                       # every model, BENCH.md sizes, on cuda
+    python -m bench.flow --models gpt2 --out bench/results/flow_gpt2.json
+    TRITON_INTERPRET=1 python -m bench.flow --device cpu --small --models gpt_block_train
+
+It starts the service the way a one-machine user would: `kiln serve` alone (SQLite,
+in-process queue, a CPU build worker and one tuning worker per GPU), or, when
+`redis-server` is on the PATH or `--redis` is given, Redis + `kiln serve` + `kiln worker`
+processes. Then, for every model and step (inference, training step):
+
+1. compile: a client process per case, all at once, `backend="kiln"` with KILN_MODE=wait:
+   each graph is submitted, built, tuned on the GPU and fetched (the first step's time is
+   the whole wait);
+2. measure: once every graph is settled, a fresh client per case, one after another (the
+   GPU is idle, the local cache empty): a service hit; wall clock of back-to-back steps
+   (median of 3 rounds, one synchronize each) for eager and kiln, the error against eager,
+   and the client's `kiln.stats()`.
+
+Per graph it prints the entry's status (tuned / heuristic / failed), tuning seconds and the
+tuner's eager / heuristic / tuned ms, and writes everything as JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT_MARK = "FLOW_RESULT "
+FINAL_JOBS = ("done", "failed")
+
+
+# ---- client side (a subprocess per case) ------------------------------------------------------
+def _wall_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float:
+    """Median over 3 rounds of the wall time per step of `n` back-to-back steps."""
+    rounds = []
+    for _ in range(3):
+        sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+        rounds.append((time.perf_counter() - start) * 1000 / n)
+    return statistics.median(rounds)
+
+
+def _rel_error(got: Any, want: Any) -> float:
+
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def run_client(model: str, step: str, device_name: str, small: bool, measure: bool,
+               iters: int) -> dict[str, Any]:
+    """One case through `backend="kiln"`: the first step (compile, wait for the service),
+    then, with `measure`, eager vs kiln wall clock and errors. Returns the record."""
+    import torch
+
+    import kiln
+    from bench.models import MODELS, step_fn
+    from kiln import degrade
+
+    device = torch.device(device_name)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    case = MODELS[model]
+    torch.manual_seed(0)
+    module, inputs = case.make(device, small)
+    eager_step = step_fn(case, step, module, inputs)
+    record: dict[str, Any] = {"model": model, "step": step}
+    if measure:
+        want = eager_step()
+        want_grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        record["eager_wall_ms"] = _wall_ms(eager_step, sync, iters)
+    compiled = torch.compile(module, backend=kiln.remote_compile)  # = backend="kiln" installed
+    kiln_step = step_fn(case, step, compiled, inputs)
+    sync()
+    start = time.perf_counter()
+    got = kiln_step()
+    sync()
+    record["first_step_s"] = round(time.perf_counter() - start, 3)
+    if measure:
+        record["error_vs_eager"] = _rel_error(got, want)
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        if want_grads and len(grads) == len(want_grads):
+            record["max_grad_error_vs_eager"] = max(
+                _rel_error(g, w) for g, w in zip(grads, want_grads, strict=True))
+        record["kiln_wall_ms"] = _wall_ms(kiln_step, sync, iters)
+    record["stats"] = kiln.stats()
+    record["warned"] = sorted(degrade.warned())
+    return record
+
+
+# ---- the service ----------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, token: str | None = None, timeout: float = 10.0) -> Any:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 - our own URL
+        return json.loads(reply.read())
+
+
+class Service:
+    """`kiln serve` (embedded, or with Redis and worker processes) in a scratch directory."""
+
+    def __init__(self, workdir: Path, gpus: list[int], redis: str | None, tune_seconds: float,
+                 tune_trials: int) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = secrets.token_urlsafe(32)
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "KILN_DATABASE_URL": f"sqlite:///{workdir / 'kiln.db'}",
+                    "KILN_ADMIN_TOKEN": self.token, "KILN_PORT": str(self.port),
+                    "KILN_TUNE_SECONDS": str(tune_seconds), "KILN_TUNE_TRIALS": str(tune_trials),
+                    "PYTHONUNBUFFERED": "1"}
+        self.procs: list[subprocess.Popen] = []
+        self.mode = "embedded"
+        kiln_cmd = [sys.executable, "-m", "kiln.cli"]
+        if redis is not None:
+            self.mode = "redis"
+            self.env["KILN_REDIS_URL"] = self._redis(redis, workdir)
+            subprocess.run(kiln_cmd + ["db", "upgrade"], cwd=ROOT, env=self.env, check=True,
+                           stdout=subprocess.DEVNULL)  # before any worker looks at the database
+            self._start("serve", kiln_cmd + ["serve", "--gpus", "none"])
+            self._start("worker-cpu", kiln_cmd + ["worker", "--device", "cpu"])
+            for i in gpus:
+                self._start(f"worker-cuda{i}", kiln_cmd + ["worker", "--device", f"cuda:{i}"])
+        else:
+            spec = ",".join(map(str, gpus)) if gpus else "none"
+            self._start("serve", kiln_cmd + ["serve", "--gpus", spec])
+        self._wait_healthy()
+
+    def _redis(self, redis: str, workdir: Path) -> str:
+        if redis.startswith("redis://"):
+            return redis
+        port = _free_port()
+        self._start("redis", [redis, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", str(workdir)])
+        return f"redis://127.0.0.1:{port}/0"
+
+    def _start(self, name: str, cmd: list[str]) -> None:
+        log = (self.logs / f"{name}.log").open("w")
+        self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log,
+                                           stderr=subprocess.STDOUT))
+
+    def _wait_healthy(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                break
+            try:
+                _get(f"{self.url}/healthz", timeout=2.0)
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"the service did not come up; see {self.logs}")
+
+    def entries(self) -> list[dict[str, Any]]:
+        return _get(f"{self.url}/v1/admin/entries?per_page=500", self.token)["items"]
+
+    def entry(self, key: str) -> dict[str, Any]:
+        return _get(f"{self.url}/v1/admin/entries/{key}", self.token)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+# ---- orchestration --------------------------------------------------------------------------
+def _client(service: Service, args: argparse.Namespace, model: str, step: str, measure: bool,
+            cache: Path) -> dict[str, Any]:
+    env = {**service.env, "KILN_URL": service.url, "KILN_MODE": "wait",
+           "KILN_WAIT_TIMEOUT": str(args.timeout), "KILN_CACHE_DIR": str(cache),
+           "KILN_TAG": f"{model}.{step}"}
+    for name in ("KILN_DATABASE_URL", "KILN_ADMIN_TOKEN", "KILN_PORT", "KILN_REDIS_URL"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "bench.flow", "client", "--model", model, "--step", step,
+           "--device", args.device, "--iters", str(args.iters)]
+    cmd += ["--small"] if args.small else []
+    cmd += ["--measure"] if measure else []
+    log = service.logs / f"client-{model}-{step}-{'measure' if measure else 'compile'}.log"
+    with log.open("w") as out:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=out,
+                              text=True, timeout=args.timeout + 600, check=False)
+    found = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if done.returncode != 0 or not found:
+        return {"model": model, "step": step, "error": f"client exited {done.returncode}; see {log}"}
+    return json.loads(found[-1][len(RESULT_MARK):])
+
+
+def _settle(service: Service, timeout: float) -> list[dict[str, Any]]:
+    """Wait until every entry's job is over (built and, where a GPU tunes, tuned; or failed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        entries = service.entries()
+        busy = [e for e in entries
+                if (service.entry(e["key"]).get("jobs") or [{}])[0].get("status") not in FINAL_JOBS]
+        if not busy or time.monotonic() > deadline:
+            return entries
+        time.sleep(2.0)
+
+
+def _graphs(service: Service, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for e in sorted(entries, key=lambda e: (e.get("tag") or "", e["created_at"] or "")):
+        detail = service.entry(e["key"])
+        job = (detail.get("jobs") or [{}])[0]
+        rows.append({
+            "key": e["key"], "tag": e.get("tag"), "status": e["status"],
+            "kernels": len(detail.get("kernels") or []),
+            "tuning_s": e.get("tuning_s"), "eager_ms": e.get("eager_ms"),
+            "heuristic_ms": e.get("heuristic_ms"), "tuned_ms": e.get("tuned_ms"),
+            "job_status": job.get("status"), "job_error": job.get("error"),
+            "note": ((job.get("history") or [{}])[-1] or {}).get("message"),
+        })
+    return rows
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _print_tables(graphs: list[dict[str, Any]], clients: list[dict[str, Any]]) -> None:
+    print("\nper graph (the service's record)")
+    print(f"{'tag':<22}{'key':<14}{'status':<11}{'kernels':>8}{'tune s':>9}{'eager ms':>10}"
+          f"{'heur ms':>10}{'tuned ms':>10}")
+    for g in graphs:
+        print(f"{_fmt(g['tag']):<22}{g['key'][:12]:<14}{g['status']:<11}{g['kernels']:>8}"
+              f"{_fmt(g['tuning_s'], 1):>9}{_fmt(g['eager_ms']):>10}{_fmt(g['heuristic_ms']):>10}"
+              f"{_fmt(g['tuned_ms']):>10}")
+        if g["status"] != "tuned" or (g["note"] and "keeping" in g["note"]):
+            print(f"    {g['job_error'] or g['note']}")
+    print("\nper case (fresh client on a service hit; wall clock, ms per step)")
+    print(f"{'case':<22}{'compile s':>10}{'hit s':>8}{'eager':>9}{'kiln':>9}{'vs eager':>9}"
+          f"{'err':>9}  stats")
+    for c in clients:
+        m = c.get("measure", {})
+        if "error" in m or "error" in c.get("compile", {}):
+            print(f"{c['model'] + '.' + c['step']:<22}  {m.get('error') or c['compile'].get('error')}")
+            continue
+        ratio = m["eager_wall_ms"] / m["kiln_wall_ms"] if m.get("kiln_wall_ms") else None
+        stats = {k: v for k, v in m.get("stats", {}).items()
+                 if k in ("graphs", "schedules_fetched", "schedules_local", "eager", "builds")
+                 or k.startswith("fallback:")}
+        print(f"{c['model'] + '.' + c['step']:<22}{_fmt(c['compile'].get('first_step_s'), 1):>10}"
+              f"{_fmt(m.get('first_step_s'), 1):>8}{_fmt(m.get('eager_wall_ms')):>9}"
+              f"{_fmt(m.get('kiln_wall_ms')):>9}{_fmt(ratio, 2):>9}"
+              f"{_fmt(m.get('error_vs_eager'), 4):>9}  {json.dumps(stats)}")
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    import torch
+
+    cases = [(m, s) for m in args.models for s in (("train",) if m == "gpt_block_train"
+                                                   else ("infer", "train"))]
+    gpus = list(range(torch.cuda.device_count())) if args.device.startswith("cuda") else []
+    redis = None if args.redis == "off" else args.redis or shutil.which("redis-server")
+    workdir = Path(tempfile.mkdtemp(prefix="kiln-flow-"))
+    print(f"kiln flow: {len(cases)} cases on {args.device}; work dir {workdir}", flush=True)
+    started = time.monotonic()
+    service = Service(workdir, gpus, redis, args.tune_seconds, args.tune_trials)
+    print(f"kiln flow: service up in {time.monotonic() - started:.1f} s ({service.mode}, "
+          f"{len(gpus)} GPU tuning worker(s))", flush=True)
+    try:
+        compile_start = time.monotonic()
+        with ThreadPoolExecutor(len(cases)) as pool:  # every case waits on the service at once
+            compiled = list(pool.map(lambda c: _client(service, args, *c, False,
+                                                       workdir / f"cache-{c[0]}-{c[1]}"), cases))
+        graphs = _graphs(service, _settle(service, args.timeout))
+        flow_s = time.monotonic() - compile_start
+        print(f"kiln flow: every graph settled {flow_s:.1f} s after the first client started",
+              flush=True)
+        clients = []
+        for (model, step), first in zip(cases, compiled, strict=True):
+            measured = _client(service, args, model, step, True, workdir / f"hit-{model}-{step}")
+            clients.append({"model": model, "step": step, "compile": first, "measure": measured})
+    finally:
+        service.stop()
+    _print_tables(graphs, clients)
+    result = {"command": " ".join(["python -m bench.flow", *sys.argv[1:]]),
+              "device": torch.cuda.get_device_name(0) if gpus else "cpu",
+              "torch": torch.__version__, "service_mode": service.mode,
+              "tune_seconds": args.tune_seconds, "tune_trials": args.tune_trials,
+              "flow_s": round(flow_s, 1), "graphs": graphs, "cases": clients}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"\nwrote {args.out}")
+    logs = os.environ.get("OUT")
+    if logs:  # the device machine: bring the service's logs back with the results
+        shutil.make_archive(str(Path(logs) / "flow_logs"), "gztar", service.logs)
+    tuned = sum(g["status"] == "tuned" for g in graphs)
+    print(f"\n{tuned} of {len(graphs)} graphs tuned")
+    return 0 if graphs and tuned == len(graphs) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.flow", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--models", type=lambda s: s.split(","),
+                        default=["gpt2", "resnet18", "gpt_block_train"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke runs)")
+    parser.add_argument("--iters", type=int, default=20, help="steps per timed round")
+    parser.add_argument("--tune-seconds", type=float, default=60.0, help="tuning budget per graph")
+    parser.add_argument("--tune-trials", type=int, default=64, help="candidates per graph")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="client wait per graph, s")
+    parser.add_argument("--redis", default=None,
+                        help="redis-server binary, redis:// URL, or off for the embedded serve "
+                             "(default: redis-server on PATH, else the embedded serve)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "flow_h200.json")
+    client = sub.add_parser("client", help="(internal) one case through backend='kiln'")
+    client.add_argument("--model", required=True)
+    client.add_argument("--step", required=True, choices=("infer", "train"))
+    client.add_argument("--device", default="cuda")
+    client.add_argument("--small", action="store_true")
+    client.add_argument("--measure", action="store_true")
+    client.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args(argv)
+    if args.command == "client":
+        record = run_client(args.model, args.step, args.device, args.small, args.measure, args.iters)
+        print(RESULT_MARK + json.dumps(record), flush=True)
+        return 0
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The public model set (BENCH.md's model suite): real models no one here wrote, with random
+weights and inputs, each as an inference step and a training step.
+
+A `ModelCase` makes its module and inputs on a device and says how to run one step on
+them; the loss of a training step is `out.float().sin().mean()` (BENCH.md: a loss of
+squares after a final norm is invariant and its gradients are noise). Hugging Face
+`transformers` and `timm` are imported only by the cases that need them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+BF16 = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One model of the set: `make(device, small)` -> (module, inputs); `forward(module,
+    inputs)` -> the output tensor a loss is taken of."""
+
+    name: str
+    make: Callable[[torch.device, bool], tuple[nn.Module, list[torch.Tensor]]]
+    forward: Callable[[nn.Module, list[torch.Tensor]], torch.Tensor]
+
+
+def _gpt2(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
+    from transformers import GPT2Config, GPT2Model
+
+    layers, d, heads, batch, seq = (1, 64, 2, 1, 16) if small else (6, 768, 12, 8, 512)
+    config = GPT2Config(n_layer=layers, n_embd=d, n_head=heads, n_positions=1024,
+                        vocab_size=50257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2Model(config).to(device, BF16)
+    return model, [torch.randint(0, config.vocab_size, (batch, seq), device=device)]
+
+
+def _resnet18(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
+    import timm
+
+    batch, px = (2, 32) if small else (32, 224)
+    model = timm.create_model("resnet18", pretrained=False).to(device, BF16)
+    return model, [torch.randn(batch, 3, px, px, device=device, dtype=BF16)]
+
+
+def _gpt_block(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
+    from compiler.benchcases import case
+
+    return case("gpt_block_train", scale="tiny" if small else "full").make(device)
+
+
+MODELS: dict[str, ModelCase] = {
+    "gpt2": ModelCase("gpt2", _gpt2,
+                      lambda m, xs: m(input_ids=xs[0], use_cache=False).last_hidden_state),
+    "resnet18": ModelCase("resnet18", _resnet18, lambda m, xs: m(*xs)),
+    "gpt_block_train": ModelCase("gpt_block_train", _gpt_block, lambda m, xs: m(*xs)),
+}
+STEPS = ("infer", "train")
+
+
+def loss_of(out: torch.Tensor) -> torch.Tensor:
+    """BENCH.md's training loss."""
+    return out.float().sin().mean()
+
+
+def step_fn(case: ModelCase, step: str, module: nn.Module, inputs: list[torch.Tensor]
+            ) -> Callable[[], Any]:
+    """One step as a closure: inference (eval mode, no grad) or a training step (train mode;
+    zero grads, forward, loss, backward). Returns what the step computed (output or loss)."""
+    if step == "infer":
+        module.eval()
+
+        def infer() -> torch.Tensor:
+            with torch.no_grad():
+                return case.forward(module, inputs)
+        return infer
+    module.train()
+
+    def train() -> torch.Tensor:
+        for p in module.parameters():
+            p.grad = None
+        loss = loss_of(case.forward(module, inputs))
+        loss.backward()
+        return loss.detach()
+    return train
