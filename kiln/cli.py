@@ -296,6 +296,26 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db_prune(args: argparse.Namespace) -> int:
+    """Delete old records as the retention policy says (service/retention.py)."""
+    from service.context import ServiceContext
+    from service.retention import Policy, prune
+
+    given = {name: getattr(args, name) for name in ("events_days", "measurements_days",
+                                                    "counters_days", "workers_days")}
+    policy = Policy(**{name: days for name, days in given.items() if days is not None})
+    ctx = ServiceContext(_settings())
+    try:
+        with ctx.transaction() as session:
+            counts = prune(session, policy, dry_run=args.dry_run)
+    finally:
+        ctx.close()
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"kiln: {verb} " + ", ".join(f"{n} {name.replace('_', ' ')}"
+                                       for name, n in counts.items()))
+    return 0
+
+
 def cmd_tune(argv: list[str]) -> int:
     """Compile and tune a model file locally (the tuner's CLI)."""
     from tuner.cli import main as tune_main
@@ -384,6 +404,16 @@ def build_parser() -> argparse.ArgumentParser:
     up = db_sub.add_parser("upgrade", help="apply migrations")
     up.add_argument("revision", nargs="?", default="head")
     up.set_defaults(func=cmd_db_upgrade)
+    prune = db_sub.add_parser("prune", help="delete old events, superseded measurements, "
+                              "counters, dead workers and expired sessions")
+    for name, what, days in (("events", "status history of finished jobs", 30),
+                             ("measurements", "measurements of superseded tuning passes", 30),
+                             ("counters", "per-minute hit and miss counters", 90),
+                             ("workers", "stopped and dead workers", 7)):
+        prune.add_argument(f"--{name}-days", type=float, metavar="N",
+                           help=f"keep {what} for N days (default {days}: service.retention)")
+    prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    prune.set_defaults(func=cmd_db_prune)
 
     sub.add_parser("tune", help="compile and tune a model file locally", add_help=False)
     return parser
