@@ -7,25 +7,22 @@ executes code that this process generated from a validated graph.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 from torch import fx
 
-from compiler import cudagraphs
+from compiler import compile_pool, cudagraphs
 from compiler.codegen import NotFusible, Unsupported, generate_kernel
 from compiler.execution import Args, AtenMatmul, Call, Const, KernelCall, Launch, is_interpreted
 from compiler.frontend import lower_graph
 from compiler.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta
+from compiler.kernel_files import import_kernel, source_hash
 from compiler.ops import op_name
 from compiler.schedule import Schedule, ScheduleMismatch, validate_config
 
@@ -33,35 +30,13 @@ _MODULES: dict[str, ModuleType] = {}
 _MODULES_LOCK = threading.Lock()
 
 
-def kernel_dir() -> Path:
-    """Where generated kernel modules live ($KILN_KERNEL_DIR or ~/.cache/kiln/kernels)."""
-    return Path(os.environ.get("KILN_KERNEL_DIR") or Path.home() / ".cache" / "kiln" / "kernels")
-
-
-def source_hash(source: str) -> str:
-    """sha256 of a kernel's generated source."""
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
 def load_kernel_module(source: str, digest: str) -> ModuleType:
-    """Write `source` to its content-addressed file (once) and import it from there."""
+    """Write `source` to its content-addressed file (once) and import it from there; one
+    module per digest in this process, so identical kernels share one function and binary."""
     with _MODULES_LOCK:
-        if digest in _MODULES:
-            return _MODULES[digest]
-        directory = kernel_dir() / digest[:2]
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"kiln_{digest}.py"
-        if not path.exists() or source_hash(path.read_text()) != digest:
-            tmp = directory / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
-            tmp.write_text(source)
-            os.replace(tmp, path)
-        spec = importlib.util.spec_from_file_location(f"kiln_kernel_{digest}", path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import generated kernel {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _MODULES[digest] = module
-        return module
+        if digest not in _MODULES:
+            _MODULES[digest] = import_kernel(source, digest)
+        return _MODULES[digest]
 
 
 @dataclass(frozen=True)
@@ -216,16 +191,19 @@ class Built:
     def precompile(self, device: torch.device | str) -> int:
         """Compile (or fetch from Triton's cache) and load every Triton kernel of this graph
         for the CUDA `device` without launching anything, so that the first call pays for
-        none of it; returns how many kernels it prepared (0 on the CPU, where kernels are
-        interpreted). Raises what Triton raises for a kernel that does not compile."""
+        none of it; returns how many launches it prepared (0 on the CPU, where kernels are
+        interpreted). The distinct kernels compile in parallel in the compile workers
+        (compiler/compile_pool.py); this thread only loads them. Raises what Triton raises
+        for a kernel that does not compile (CompileCrash for one that kills the compiler)."""
         device = torch.device(device)
         if device.type != "cuda":
             return 0
         infos = self.launches()
+        if any(is_interpreted(info.fn) for info in infos):
+            return 0
         with torch.cuda.device(device):
+            compile_pool.compile_ahead(self._compile_jobs(infos))
             for info in infos:
-                if is_interpreted(info.fn):
-                    return 0
                 # Dtypes stand for tensors (Triton's MockTensor: 16-byte aligned pointers,
                 # which is what the caching allocator hands out).
                 kernel = info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs,
@@ -234,6 +212,27 @@ class Built:
                 if load is not None:  # module and launcher load, otherwise lazy
                     load()
         return len(infos)
+
+    def _compile_jobs(self, infos: list[LaunchInfo]) -> list[compile_pool.CompileJob]:
+        """One compile job per distinct launch (identical kernels share one) that Triton
+        has not loaded yet."""
+        if compile_pool.shared() is None or len(infos) < 2:
+            return []
+        kernels = {k.name: k for k in self.kernels}
+        seen, jobs = set(), []
+        for info in infos:
+            kernel = kernels[info.kernel]
+            ident = (kernel.source_hash, info.arg_dtypes, tuple(sorted(info.constexprs.items())),
+                     tuple(sorted(info.options.items())))
+            if ident in seen:
+                continue
+            seen.add(ident)
+            spec = compile_pool.specialization(info.fn, info.arg_dtypes, info.grid,
+                                               {**info.constexprs, **info.options})
+            if spec is not None:
+                jobs.append(compile_pool.CompileJob(info.kernel, kernel.source, kernel.source_hash,
+                                                    info.fn.fn.__name__, spec))
+        return jobs
 
     def kernel_calls(self, *inputs: Any) -> list[KernelCall]:
         """Run once; one entry per kernel launch, each able to re-launch it alone."""

@@ -62,6 +62,8 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         degrade.count("eager")
         return gm
 
+    _start_compile_workers()
+
     def compiler_for(kind: str) -> Callable[..., Any]:
         return functools.partial(compile_graph, config=config, kind=kind)
 
@@ -78,6 +80,20 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         log.debug("kiln: AOTAutograd failed", exc_info=True)
         degrade.count("eager")
         return gm
+
+
+def _start_compile_workers() -> None:
+    """Start Triton's compile workers (compiler/compile_pool.py) while AOTAutograd traces,
+    so that they are ready when the first graph's kernels compile."""
+    if not torch.cuda.is_available():
+        return
+    try:
+        from compiler import compile_pool
+
+        compile_pool.start()
+    except Exception as exc:  # kernels then compile on the building thread
+        log.warning("kiln: compile workers did not start (%s: %s); kernels compile one at a "
+                    "time", type(exc).__name__, exc)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],

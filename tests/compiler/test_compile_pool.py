@@ -1,0 +1,77 @@
+"""Compile workers: kernels compile for an sm_90 target in parallel processes, the JIT then
+finds every binary in Triton's cache, and the pool outlives a compile that crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler import compile_pool
+from compiler.compile_pool import CRASHED, CompileJob, CompilePool
+from tests.compiler.crashing_compile import crash_on_boom
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _precompile_sm90(tmp_path: Path, *args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_KERNEL_DIR=str(tmp_path / "kernels"),
+               KILN_COMPILE_WORKERS="2", TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, "-m", "tests.compiler.precompile_sm90", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_workers_compile_each_distinct_kernel_once_and_the_jit_loads_them_from_the_cache(
+        tmp_path: Path) -> None:
+    got = _precompile_sm90(tmp_path)
+    assert got["launches"] == 3 and got["sources"] == 2  # the two layers share one kernel
+    assert got["jobs"] == got["compiled"] == 2
+    assert got["warmup_cache_files"] == 0  # every launch found the workers' binary
+
+
+def test_without_workers_the_jit_compiles_on_the_building_thread(tmp_path: Path) -> None:
+    got = _precompile_sm90(tmp_path, "--serial")
+    assert got["jobs"] == got["compiled"] == 0
+    assert got["warmup_cache_files"] > 0
+
+
+def _job(kernel: str) -> CompileJob:
+    return CompileJob(kernel, source="", source_hash="0" * 64, fn_name="f", spec="{}")
+
+
+def test_the_pool_outlives_a_compile_that_kills_its_worker() -> None:
+    pool = CompilePool(2)
+    try:
+        jobs = [_job("ok_a"), _job("boom"), _job("ok_b"), _job("bad")]
+        assert pool.compile_all(jobs, run=crash_on_boom) == [
+            None, CRASHED, None, "CompilationError: bad"]
+        assert pool.compile_all([_job("ok_c"), _job("ok_d")], run=crash_on_boom) == [None, None]
+    finally:
+        pool.close()
+
+
+def test_compile_ahead_names_a_kernel_that_kills_the_compiler(monkeypatch) -> None:
+    class Crashing(CompilePool):
+        def compile_all(self, jobs, run=None):  # noqa: ARG002 - the verdicts of a crash
+            return [None if j.kernel != "boom" else CRASHED for j in jobs]
+
+    monkeypatch.setattr(compile_pool, "shared", lambda: Crashing(1))
+    with pytest.raises(compile_pool.CompileCrash, match="kernel boom killed the Triton compiler"):
+        compile_pool.compile_ahead([_job("ok"), _job("boom")])
+
+
+def test_worker_count_comes_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("KILN_COMPILE_WORKERS", "3")
+    assert compile_pool.workers() == 3
+    monkeypatch.setenv("KILN_COMPILE_WORKERS", "many")
+    with pytest.raises(ValueError, match="KILN_COMPILE_WORKERS must be a whole number"):
+        compile_pool.workers()
+    monkeypatch.delenv("KILN_COMPILE_WORKERS")
+    assert 1 <= compile_pool.workers() <= compile_pool.MAX_WORKERS
