@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from service import metrics
 from service.target_compile import compile_schedule
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel:
     built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
     note, compiled = "heuristic build", None
     if target.device_type == "cuda" and built.kernels:  # ATen calls only: nothing to compile
-        compiled = compile_schedule(wire, built.schedule.to_json())
+        with metrics.timed("target_compile"):
+            compiled = compile_schedule(wire, built.schedule.to_json())
         note = f"heuristic build, {len(compiled)} kernels compiled for {target.arch}"
     elif target.device_type == "cpu" and _numel(graph) <= interpret_max_numel:
         _check_on_interpreter(graph, built)

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -20,8 +21,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service import pipeline, store
+from service import metrics, pipeline, store
 from service.context import ServiceContext
+from service.logs import log_job_finished
 from service.models import GraphRow, JobRow, ScheduleRow, WorkerRow, utcnow
 from service.queue import BUILD_STREAM, Delivery, QueueUnavailable, tune_stream
 from service.target_compile import TargetCompileError
@@ -173,13 +175,16 @@ class Worker:
     def _run_job(self, job: JobRow, stage: str, wire: str, target_json: dict[str, Any],
                  queue_class: str, delivery: Delivery) -> None:
         settings = self.ctx.settings
+        started = time.monotonic()
         log.info("job %s (%s) attempt %d on %s", job.id, stage, job.attempts, self.id)
         try:
-            if stage == "build":
-                outcome = self._build(wire, target_json, settings.interpret_max_numel)
-            else:
-                outcome = self._tune(wire, target_json, settings.tune_trials, settings.tune_seconds,
-                                     device=self.device, progress=self._set_progress)
+            with metrics.timed(stage):
+                if stage == "build":
+                    outcome = self._build(wire, target_json, settings.interpret_max_numel)
+                else:
+                    outcome = self._tune(wire, target_json, settings.tune_trials,
+                                         settings.tune_seconds, device=self.device,
+                                         progress=self._set_progress)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.warning("job %s failed on %s: %s\n%s", job.id, self.id, error, traceback.format_exc())
@@ -190,6 +195,7 @@ class Worker:
             if state == "queued":
                 self.ctx.queue.enqueue(delivery.stream, job.id)
             self.ctx.queue.ack(delivery)
+            self._finished(job, stage, "retry" if state == "queued" else "failed", started)
             return
         status = "heuristic" if stage == "build" else "tuned"
         tuner_next = False
@@ -207,6 +213,13 @@ class Worker:
             self.ctx.queue.enqueue(tune_stream(queue_class), job.id)
         self.ctx.queue.ack(delivery)
         self.processed += 1
+        self._finished(job, stage, "done", started)
+
+    def _finished(self, job: JobRow, stage: str, outcome: str, started: float) -> None:
+        """The job stage's duration histogram and its one log line."""
+        seconds = time.monotonic() - started
+        metrics.observe_job(stage, outcome, seconds)
+        log_job_finished(log, job.id, job.key, stage, outcome, seconds, self.id, job.attempts)
 
     def _set_progress(self, fraction: float) -> None:
         # Tuning is the second half of a job (the heuristic build was the first).
