@@ -98,14 +98,28 @@ class _Planner:
 
     def deps(self, node: fx.Node) -> frozenset[fx.Node]:
         """Buffers that computing `node` (inlining lazy inputs) reads."""
+        # Lazy inputs first, deepest first, with an explicit stack: a chain of thousands of
+        # inlined ops must not meet Python's recursion limit.
+        todo = [a for a in node.all_input_nodes if not self.is_buffer(a) and a not in self.deps_cache]
+        while todo:
+            arg = todo[-1]
+            if arg in self.deps_cache:
+                todo.pop()
+                continue
+            missing = [a for a in arg.all_input_nodes
+                       if not self.is_buffer(a) and a not in self.deps_cache]
+            if missing:
+                todo.extend(missing)
+                continue
+            todo.pop()
+            self.deps_cache[arg] = self._direct_deps(arg)
+        return self._direct_deps(node)
+
+    def _direct_deps(self, node: fx.Node) -> frozenset[fx.Node]:
+        # every lazy input of `node` is in deps_cache already
         found: set[fx.Node] = set()
         for arg in node.all_input_nodes:
-            if self.is_buffer(arg):
-                found.add(arg)
-            else:
-                if arg not in self.deps_cache:
-                    self.deps_cache[arg] = self.deps(arg)
-                found |= self.deps_cache[arg]
+            found |= {arg} if self.is_buffer(arg) else self.deps_cache[arg]
         return frozenset(found)
 
     def run(self) -> list[Step]:

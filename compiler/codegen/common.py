@@ -219,6 +219,20 @@ def dense(m: TensorMeta) -> bool:
     return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, want, strict=False))
 
 
+# Nested value() evaluations one Writer runs before unwinding (see Writer.value): each
+# costs about five Python frames, so this stays well inside the default recursion limit.
+MAX_VALUE_DEPTH = 48
+
+
+class _TooDeep(BaseException):
+    """Unwinds a too-deep value() request to the outermost call. A BaseException, so that
+    no `except Exception` on the way (op rules, fusion trials) can swallow it."""
+
+    def __init__(self, key: tuple) -> None:
+        super().__init__()
+        self.key = key
+
+
 class Writer:
     """Emits the body of one kernel: loads, math and stores, with per-scope caching."""
 
@@ -236,8 +250,9 @@ class Writer:
         self.flat_forms: dict[tuple[Index, tuple[int, ...]], str] = {}
         self.combos: dict[str, str] = {}  # "r0 * 1024 + r1" -> "rindex" (see define_dims)
         self.helpers: set[str] = set()
-        self.inlined: list[fx.Node] = []
+        self.inlined: dict[fx.Node, None] = {}  # ordered set: large kernels inline thousands
         self.counter = 0
+        self.depth = 0  # nesting of value() calls in progress (see value)
 
     # ---- text ----
     def emit(self, line: str) -> None:
@@ -313,12 +328,32 @@ class Writer:
         return self.tmp(expr)
 
     def note_inlined(self, node: fx.Node) -> None:
-        if node not in self.members and not self.is_buffer(node) and node not in self.inlined:
-            self.inlined.append(node)
+        if node not in self.members and not self.is_buffer(node):
+            self.inlined.setdefault(node)
 
     # ---- values ----
     def value(self, node: fx.Node, idx: Index, mask: str) -> str:
-        """Variable holding `node`'s value (in its compute dtype) at `idx`."""
+        """Variable holding `node`'s value (in its compute dtype) at `idx`.
+
+        Evaluation recurses through a value's operands. So that a long chain never meets
+        Python's recursion limit, a request deeper than `MAX_VALUE_DEPTH` unwinds to the
+        outermost call, which computes that value first (cached) and then starts again: a
+        loop, not a deeper stack. Graphs shallower than the bound emit exactly as before,
+        and the order is fixed by the graph alone, so every machine emits the same source."""
+        if self.depth:
+            return self._value(node, idx, mask)
+        pending = [(node, idx, mask)]
+        while True:
+            try:
+                var = self._value(*pending[-1])
+            except _TooDeep as deep:
+                pending.append(deep.key)
+                continue
+            pending.pop()
+            if not pending:
+                return var
+
+    def _value(self, node: fx.Node, idx: Index, mask: str) -> str:
         from compiler.codegen import exprs
 
         key = (node, idx, mask)
@@ -333,8 +368,14 @@ class Writer:
         if self.is_buffer(node) and node not in self.members:
             var = self.load(node, idx, mask)
         else:
+            if self.depth >= MAX_VALUE_DEPTH:
+                raise _TooDeep(key)
             self.note_inlined(node)
-            var = exprs.evaluate(self, node, idx, mask)
+            self.depth += 1
+            try:
+                var = exprs.evaluate(self, node, idx, mask)
+            finally:
+                self.depth -= 1
         self.scopes[-1][key] = var
         return var
 

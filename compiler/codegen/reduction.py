@@ -220,21 +220,26 @@ def _levels(group: KernelGroup, infos: dict[fx.Node, ReductionInfo],
     levels: dict[fx.Node, int] = {}
     members = set(group.members)
 
-    def deps(node: fx.Node, seen: set[fx.Node]) -> set[fx.Node]:
+    def deps(node: fx.Node) -> set[fx.Node]:
+        """The reductions `node` reads, through members and inlined values (a loop, not
+        recursion: chains may be thousands of ops long)."""
         found: set[fx.Node] = set()
-        for arg in node.all_input_nodes:
-            if arg in seen:
-                continue
-            seen.add(arg)
-            if arg in infos:
-                found.add(arg)
-            elif arg in members or not is_buffer(arg):  # type: ignore[operator]
-                found |= deps(arg, seen)
+        seen: set[fx.Node] = set()
+        todo = [node]
+        while todo:
+            for arg in todo.pop().all_input_nodes:
+                if arg in seen:
+                    continue
+                seen.add(arg)
+                if arg in infos:
+                    found.add(arg)
+                elif arg in members or not is_buffer(arg):  # type: ignore[operator]
+                    todo.append(arg)
         return found
 
     for node in group.members:
         if node in infos:
-            below = deps(infos[node].source, set()) | ({infos[node].source} & set(infos))
+            below = deps(infos[node].source) | ({infos[node].source} & set(infos))
             levels[node] = 1 + max((levels[d] for d in below if d in levels), default=-1)
     return levels
 
