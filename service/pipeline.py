@@ -41,8 +41,31 @@ def _kernels(built: Any, compiled: dict[str, dict[str, Any]] | None = None) -> l
             for k in built.kernels]
 
 
-def _numel(graph: Any) -> int:
-    return sum(math.prod(i.shape) for i in graph.inputs)
+def tensor_sizes(graph: Any) -> tuple[int, int]:
+    """(largest, total) elements over every tensor the graph makes or reads: inputs,
+    constants and every node's result (intermediates included), from the checked metas."""
+    sizes = [math.prod(t.shape) for t in (*graph.inputs, *graph.constants)]
+    for node in graph.nodes:
+        metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+        sizes += [math.prod(m.shape) for m in metas if hasattr(m, "shape")]
+    return max(sizes, default=0), sum(sizes)
+
+
+# All tensors of a checked graph together, in units of the largest one allowed: the
+# reference run keeps every intermediate alive, so a long graph of small tensors is bounded too.
+INTERPRET_TOTAL_FACTOR = 32
+
+
+def interpreter_refusal(graph: Any, interpret_max_numel: int) -> str | None:
+    """Why the graph is too large to check on the Triton interpreter, or None."""
+    largest, total = tensor_sizes(graph)
+    if largest > interpret_max_numel:
+        return (f"its largest tensor has {largest} elements > KILN_INTERPRET_MAX_NUMEL="
+                f"{interpret_max_numel}")
+    if total > INTERPRET_TOTAL_FACTOR * interpret_max_numel:
+        return (f"its tensors hold {total} elements together > {INTERPRET_TOTAL_FACTOR} x "
+                f"KILN_INTERPRET_MAX_NUMEL={interpret_max_numel}")
+    return None
 
 
 def _check_on_interpreter(graph: Any, built: Any) -> None:
@@ -55,25 +78,43 @@ def _check_on_interpreter(graph: Any, built: Any) -> None:
         raise ValueError(f"the heuristic build disagrees with the aten graph: {reason}")
 
 
-def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:
-    """Lower, fuse and generate the heuristic schedule's kernels for the target. For a CUDA
-    target, compile every kernel for its architecture and keep the compile facts (raises
-    `TargetCompileError` when one does not compile or fit). For a CPU target whose inputs
-    are small, check the build's outputs on the Triton interpreter."""
+def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:
+    """Lower, fuse and generate the heuristic schedule's kernels for the target. For a CPU
+    target whose every tensor (intermediates included) is small, check the build's outputs
+    on the Triton interpreter; a larger one is published unchecked, with the reason in the
+    note. The part of a build that `service.build_child` runs in a child process."""
     import compiler
 
     graph = compiler.from_wire(wire)
     target = compiler.Target.from_json(target_json)
     built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
-    note, compiled = "heuristic build", None
-    if target.device_type == "cuda" and built.kernels:  # ATen calls only: nothing to compile
-        with metrics.timed("target_compile"):
-            compiled = compile_schedule(wire, built.schedule.to_json())
-        note = f"heuristic build, {len(compiled)} kernels compiled for {target.arch}"
-    elif target.device_type == "cpu" and _numel(graph) <= interpret_max_numel:
-        _check_on_interpreter(graph, built)
-        note = "heuristic build, checked on the Triton interpreter"
-    return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built, compiled), note=note)
+    note = "heuristic build"
+    if target.device_type == "cpu":
+        refusal = interpreter_refusal(graph, interpret_max_numel)
+        if refusal is None:
+            _check_on_interpreter(graph, built)
+            note = "heuristic build, checked on the Triton interpreter"
+        else:
+            note = f"heuristic build, not checked on the Triton interpreter: {refusal}"
+    return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built), note=note)
+
+
+def compile_for_target(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:
+    """For a CUDA target, compile every kernel of a built outcome for its architecture and
+    keep the compile facts (raises `TargetCompileError` when one does not compile or fit)."""
+    if target_json.get("device_type") != "cuda" or not outcome.kernels:
+        return outcome  # ATen calls only: nothing to compile
+    with metrics.timed("target_compile"):
+        compiled = compile_schedule(wire, outcome.schedule)
+    for kernel in outcome.kernels:
+        kernel["compiled"] = compiled.get(kernel["name"])
+    outcome.note = f"heuristic build, {len(compiled)} kernels compiled for {target_json.get('arch')}"
+    return outcome
+
+
+def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:
+    """The whole heuristic build in this process: `build_kernels`, then `compile_for_target`."""
+    return compile_for_target(wire, target_json, build_kernels(wire, target_json, interpret_max_numel))
 
 
 def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,

@@ -40,6 +40,7 @@ class Settings(BaseModel):
     tune_seconds: float = Field(default=600.0, gt=0)
     build_timeout_s: float = Field(default=600.0, gt=0)  # then the job is left to another worker
     interpret_max_numel: int = Field(default=1 << 16, ge=0)  # CPU check on the interpreter
+    build_memory_mb: int = Field(default=4096, ge=0)  # a build child's data segment; 0: no cap
     db_pool_size: int = Field(default=10, ge=1)
 
     @field_validator("database_url")

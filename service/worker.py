@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service import metrics, pipeline, store
+from service import build_child, metrics, pipeline, store
 from service.context import ServiceContext
 from service.logs import log_job_finished
 from service.models import GraphRow, JobRow, ScheduleRow, WorkerRow, utcnow
@@ -180,7 +180,7 @@ class Worker:
         try:
             with metrics.timed(stage):
                 if stage == "build":
-                    outcome = self._build(wire, target_json, settings.interpret_max_numel)
+                    outcome = build_child.run(self._build, wire, target_json, settings)
                 else:
                     outcome = self._tune(wire, target_json, settings.tune_trials,
                                          settings.tune_seconds, device=self.device,
@@ -188,8 +188,10 @@ class Worker:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.warning("job %s failed on %s: %s\n%s", job.id, self.id, error, traceback.format_exc())
-            # A kernel that does not compile for the target fails the same way every time.
-            attempts = job.attempts if isinstance(exc, TargetCompileError) else settings.max_attempts
+            # A kernel that does not compile for the target, or a build past its time or
+            # memory limit, fails the same way every time.
+            final = isinstance(exc, (TargetCompileError, build_child.BuildLimitError))
+            attempts = job.attempts if final else settings.max_attempts
             with self.ctx.transaction() as session:
                 state = store.fail_attempt(session, job, self.id, error[:4000], attempts)
             if state == "queued":
