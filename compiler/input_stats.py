@@ -11,8 +11,11 @@ weights exp(S - lse) in the hundreds), so `compiler.random_inputs` draws them re
 - log-probabilities: inputs only fed to exp: a log-softmax over the last dim (<= 0, each
   row's exp sums to 1);
 - attention statistics: the `out` and `logsumexp` arguments of an SDPA backward op whose
-  query, key and value are graph inputs (or aliases of them): computed from them (causal mask and scale
-  honoured); a `logsumexp` whose q/k are not inputs: log(keys) + uniform [0, 1];
+  query, key and value are graph inputs (or aliases of them): computed from them (causal
+  flag, scale and an additive or boolean attention mask that is an input honoured: cuDNN
+  and efficient attention take the mask, and a logsumexp that ignores it made cuDNN's
+  backward of GPT-2 return NaN); a `logsumexp` whose q/k are not inputs: log(keys) +
+  uniform [0, 1];
 - log-sum-exp subtrahends: inputs only used as `b` in exp(a - b): logsumexp of `a` over
   the dims where `b` has size 1 when `a` is an input, else log(that count) + uniform [0, 1].
 """
@@ -29,12 +32,14 @@ from compiler.wire import Graph
 from compiler.wire_decode import TensorMeta
 from compiler.wire_schema import Ref
 
-# (query, key, value, out, logsumexp, is_causal, scale) argument positions per op.
+# (query, key, value, out, logsumexp, is_causal, scale, mask) argument positions per op
+# (mask: the additive attention bias or boolean mask; None where the op takes none; the
+# CPU flash op takes it as the keyword `attn_mask`, position 8).
 _ATTENTION_BACKWARD = {
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (1, 2, 3, 4, 5, 7, 9),
-    "aten._scaled_dot_product_flash_attention_backward.default": (1, 2, 3, 4, 5, 11, 14),
-    "aten._scaled_dot_product_efficient_attention_backward.default": (1, 2, 3, 5, 6, 11, 12),
-    "aten._scaled_dot_product_cudnn_attention_backward.default": (1, 2, 3, 4, 5, 14, 15),
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (1, 2, 3, 4, 5, 7, 9, 8),
+    "aten._scaled_dot_product_flash_attention_backward.default": (1, 2, 3, 4, 5, 11, 14, None),
+    "aten._scaled_dot_product_efficient_attention_backward.default": (1, 2, 3, 5, 6, 11, 12, 4),
+    "aten._scaled_dot_product_cudnn_attention_backward.default": (1, 2, 3, 4, 5, 14, 15, 8),
 }
 _FACTOR_USES = frozenset({("aten.mul.Tensor", 0), ("aten.mul.Tensor", 1), ("aten.div.Tensor", 0)})
 
@@ -51,6 +56,7 @@ class Attention:
     logsumexp: str | None
     causal: bool
     scale: float | None
+    mask: str | None = None  # an attention bias (or boolean mask) that is a graph input
 
 
 @dataclass
@@ -118,7 +124,10 @@ def find(graph: Graph, pass_through: frozenset[str]) -> Statistics:
                  for i in spec[:5]]
         causal = bool(node.args[spec[5]]) if spec[5] < len(node.args) else False
         scale = node.args[spec[6]] if spec[6] < len(node.args) else node.kwargs.get("scale")
-        stats.attention.append(Attention(*names, causal=causal, scale=scale))
+        mask_arg = None if spec[7] is None else (
+            node.args[spec[7]] if spec[7] < len(node.args) else node.kwargs.get("attn_mask"))
+        mask = _input(mask_arg, origin, shapes) if isinstance(mask_arg, Ref) else None
+        stats.attention.append(Attention(*names, causal=causal, scale=scale, mask=mask))
     stats.factors -= stats.drawn_later()
     stats.log_probs -= stats.drawn_later()
     return stats
@@ -154,7 +163,8 @@ def fill(stats: Statistics, tensors: dict[str, torch.Tensor], gen: torch.Generat
     for att in stats.attention:
         if None not in (att.query, att.key, att.value):
             out, lse = _attention(tensors[att.query], tensors[att.key], tensors[att.value],
-                                  att.causal, att.scale)
+                                  att.causal, att.scale,
+                                  tensors[att.mask] if att.mask is not None else None)
             if att.out is not None and tensors[att.out].shape == out.shape:
                 tensors[att.out].copy_(out)
             if att.logsumexp is not None:
@@ -174,10 +184,15 @@ def fill(stats: Statistics, tensors: dict[str, torch.Tensor], gen: torch.Generat
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-               scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention output and logsumexp of the scaled scores, in float64."""
+               scale: float | None, mask: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output and logsumexp of the scaled (and masked) scores, in float64."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     scores = q64 @ k64.transpose(-2, -1) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask.double()
     if causal:
         length_q, length_k = scores.shape[-2:]
         mask = torch.ones(length_q, length_k, dtype=torch.bool).tril(length_k - length_q)

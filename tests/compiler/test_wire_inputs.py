@@ -125,3 +125,23 @@ def test_an_exp_subtrahend_is_the_logsumexp_of_its_minuend() -> None:
     assert torch.allclose(graph.to_fx()(scores, lse, grad)[0] / grad,
                           torch.softmax(scores, -1), atol=1e-5)
     assert float(grad.min()) < 0  # a full-size operand of a mul is not a statistic
+
+
+def test_attention_stats_honour_an_additive_mask_that_is_an_input() -> None:
+    # cuDNN and efficient attention take the forward's mask as an additive bias: a
+    # logsumexp computed without it is inconsistent with q, k (cuDNN's backward of GPT-2
+    # then returned NaN), so the mask enters the computed statistics.
+    def backward(grad, q, k, v, out, lse, mask):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+            grad, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=0.25)
+
+    q, k, v, grad = (torch.randn(1, 2, 6, 4) for _ in range(4))
+    mask = torch.zeros(1, 1, 6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -1e4)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=mask, scale=0.25)[:2]
+    ins = [grad, q, k, v, out, lse, mask]
+    graph = from_wire(to_wire(make_fx(backward)(*ins), ins))
+    x = random_inputs(graph, seed=2)
+    scores = x[1].double() @ x[2].double().transpose(-2, -1) * 0.25 + x[6].double()
+    assert torch.allclose(x[5].double(), torch.logsumexp(scores, -1), atol=1e-5)
+    assert torch.allclose(x[4].double(), torch.softmax(scores, -1) @ x[3].double(), atol=1e-5)
