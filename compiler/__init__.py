@@ -12,6 +12,8 @@ _PUBLIC = {
     "from_wire": "compiler.wire",
     "Graph": "compiler.wire",
     "WireError": "compiler.wire",
+    "ValidationCancelled": "compiler.wire",
+    "parse_json": "compiler.wire",
     "graph_hash": "compiler.keys",
     "Target": "compiler.keys",
     "tuning_key": "compiler.keys",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -28,13 +30,16 @@ from compiler.wire_decode import (
     NodeMeta,
     NodeSpec,
     TensorMeta,
+    array_budget,
+    object_budget,
     parse_document,
 )
 from compiler.wire_encode import encode_graph
 from compiler.wire_fx import build_fx, infer_meta
-from compiler.wire_schema import FORMAT, Ref, WireError, encode_float
+from compiler.wire_schema import FORMAT, Ref, ValidationCancelled, WireError, encode_float
 
-__all__ = ["FORMAT", "Graph", "WireError", "from_wire", "parse_json", "to_graph", "to_wire"]
+__all__ = ["FORMAT", "Graph", "ValidationCancelled", "WireError", "from_wire", "parse_json",
+           "to_graph", "to_wire"]
 
 
 class Graph:
@@ -211,12 +216,14 @@ def _to_json(spec: GraphSpec) -> dict[str, Any]:
     }
 
 
-def _build(doc: Any, wire_limits: WireLimits, require_meta: bool) -> Graph:
-    spec = parse_document(doc, wire_limits, require_meta)
+def _build(doc: Any, wire_limits: WireLimits, require_meta: bool,
+           cancel: threading.Event | None = None, count_containers: bool = False) -> Graph:
+    deadline = time.monotonic() + wire_limits.max_validation_ms / 1000
+    spec = parse_document(doc, wire_limits, require_meta, count_containers)
     names = _canonical_names(spec)
     canonical = _canonical_spec(spec, names)
     display = {new: old for old, new in names.items()}
-    inferred = infer_meta(canonical, display, wire_limits)
+    inferred = infer_meta(canonical, display, wire_limits, deadline, cancel)
     nodes = []
     for node in canonical.nodes:
         meta = inferred.get(node.name)
@@ -232,11 +239,16 @@ def _build(doc: Any, wire_limits: WireLimits, require_meta: bool) -> Graph:
     return Graph(canonical, _to_json(canonical))
 
 
-def parse_json(body: str | bytes | bytearray) -> Any:
+def parse_json(body: str | bytes | bytearray, max_bytes: int | None = None) -> Any:
     """Decode a request body the way `from_wire` decodes graph text: size limit, UTF-8,
-    no bare NaN/Infinity, no repeated keys, a bounded number of objects; WireError otherwise.
-    For services that receive a graph wrapped in a larger JSON document."""
-    return _decode_text(body, limits())
+    no bare NaN/Infinity, no repeated keys, a bounded number of objects and arrays;
+    WireError otherwise. For services that receive a graph wrapped in a larger JSON
+    document; `max_bytes` replaces the body limit (the service checks its own, a little
+    larger, as the body arrives)."""
+    wire_limits = limits()
+    if max_bytes is not None:
+        wire_limits = replace(wire_limits, max_body_bytes=max_bytes)
+    return _decode_text(body, wire_limits)
 
 
 def _decode_text(obj: str | bytes | bytearray, wire_limits: WireLimits) -> Any:
@@ -252,9 +264,14 @@ def _decode_text(obj: str | bytes | bytearray, wire_limits: WireLimits) -> Any:
     def refuse_constant(name: str) -> Any:
         raise WireError(f'bare {name} is not JSON; write non-finite floats as {{"float": "nan"|"inf"|"-inf"}}')
 
+    # Arrays have no parser hook: '[' outside strings bounds them from above, and a graph's
+    # strings (names, op names, short arguments) almost never hold one.
+    arrays = obj.count("[")
+    if arrays > array_budget(wire_limits):
+        raise WireError(f"graph JSON holds {arrays} arrays, too many for {wire_limits.max_nodes} nodes")
     # Count objects while parsing, so a body of millions of tiny objects stops early
     # instead of building them all before the node limit is checked.
-    budget = [16 * wire_limits.max_nodes + 1024]
+    budget = [object_budget(wire_limits)]
 
     def count_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         budget[0] -= 1
@@ -275,19 +292,25 @@ def _decode_text(obj: str | bytes | bytearray, wire_limits: WireLimits) -> Any:
         raise WireError(f"graph body is not valid JSON: {str(e)[:200]}") from None
 
 
-def from_wire(obj: dict[str, Any] | str | bytes | bytearray) -> Graph:
+def from_wire(obj: dict[str, Any] | str | bytes | bytearray, *,
+              cancel: threading.Event | None = None) -> Graph:
     """Parse and validate a kiln.graph/1 document (a dict, JSON text or UTF-8 bytes).
 
     Raises `WireError` (a ValueError) naming the node and the reason for anything that
-    does not conform: schema, op allowlist, references and order, size limits, or a
-    declared meta that does not match what the op gives.
+    does not conform: schema, op allowlist, references and order, size limits, the work
+    budget of validation (`max_validation_cost` before anything runs, `max_validation_ms`
+    while it runs), or a declared meta that does not match what the op gives. With
+    `cancel`, setting the event stops validation between two nodes with
+    `ValidationCancelled` (a service does so when its client goes away).
     """
     wire_limits = limits()
     if isinstance(obj, (str, bytes, bytearray)):
         obj = _decode_text(obj, wire_limits)
-    elif not isinstance(obj, dict):
+    elif isinstance(obj, dict):
+        return _build(obj, wire_limits, require_meta=True, cancel=cancel, count_containers=True)
+    else:
         raise WireError(f"from_wire takes a dict, JSON text or bytes, not {type(obj).__name__}")
-    return _build(obj, wire_limits, require_meta=True)
+    return _build(obj, wire_limits, require_meta=True, cancel=cancel)
 
 
 def to_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Graph:

@@ -25,6 +25,7 @@ from compiler.wire_schema import (
     brief,
     decode_float,
     decode_value,
+    meta_cost,
     resolve_op,
     storage_extent,
     valid_name,
@@ -278,10 +279,53 @@ def _parse_node(obj: object, index: int, position: int, order: dict[str, int], l
     return NodeSpec(name, obj["op"], target, args, kwargs, meta)
 
 
-def parse_document(doc: object, limits: WireLimits, require_meta: bool = True) -> GraphSpec:
+def object_budget(limits: WireLimits) -> int:
+    """How many JSON objects a document may hold for the node limit."""
+    return 16 * limits.max_nodes + 1024
+
+
+def array_budget(limits: WireLimits) -> int:
+    """How many JSON arrays a document may hold for the node limit."""
+    return 64 * limits.max_nodes + 1024
+
+
+def _count_containers(doc: dict, limits: WireLimits) -> None:
+    """The object and array budgets that decoding text applies, for a document given as a
+    dict (a loop, so that no nesting depth can break it)."""
+    objects, arrays = 0, 0
+    todo: list[Any] = [doc]
+    while todo:
+        value = todo.pop()
+        if type(value) is dict:
+            objects += 1
+            todo.extend(v for v in value.values() if type(v) in (dict, list))
+        else:
+            arrays += 1
+            todo.extend(v for v in value if type(v) in (dict, list))
+        if objects > object_budget(limits) or arrays > array_budget(limits):
+            raise WireError(f"graph holds more than {object_budget(limits)} objects or "
+                            f"{array_budget(limits)} arrays, too many for {limits.max_nodes} nodes")
+
+
+def _check_cost(nodes: list, limits: WireLimits) -> None:
+    """Refuse, before any op runs, a graph whose validation would cost more than the budget
+    (a few hundred bytes of one slow op repeated would otherwise cost minutes of CPU)."""
+    ops = [n["op"] for n in nodes if type(n) is dict and isinstance(n.get("op"), str)]
+    cost = sum(meta_cost(op) for op in ops)
+    if cost > limits.max_validation_cost:
+        dearest = max(ops, key=meta_cost)
+        raise WireError(
+            f"validating this graph would cost {cost} units > limit {limits.max_validation_cost} "
+            f"(KILN_MAX_VALIDATION_COST; one {dearest} costs {meta_cost(dearest)}, a cheap op 1)")
+
+
+def parse_document(doc: object, limits: WireLimits, require_meta: bool = True,
+                   count_containers: bool = False) -> GraphSpec:
     """Check a decoded JSON document against the kiln.graph/1 schema; WireError if not valid.
 
     With `require_meta=False` (used by `to_wire`) nodes may omit `meta`; it is then inferred.
+    With `count_containers` (a document that did not come from text, whose decoding counts
+    them), the object and array budgets are applied after the section counts.
     """
     _keys(doc, {"format", "inputs", "nodes", "outputs"}, {"constants"}, "graph")
     _expect(doc["format"] == FORMAT, f"format must be {FORMAT!r}, got {brief(doc['format'])}")
@@ -291,6 +335,9 @@ def parse_document(doc: object, limits: WireLimits, require_meta: bool = True) -
     count = len(doc["inputs"]) + len(doc["nodes"]) + len(doc["constants"])
     _expect(count <= limits.max_nodes, f"graph has {count} inputs, constants and nodes > limit {limits.max_nodes}")
     _expect(len(doc["outputs"]) <= limits.max_nodes, f"graph has {len(doc['outputs'])} outputs > limit {limits.max_nodes}")
+    if count_containers:
+        _count_containers(doc, limits)
+    _check_cost(doc["nodes"], limits)
     order = _collect_names(doc, limits)
     inputs = tuple(_parse_input(obj, i, limits) for i, obj in enumerate(doc["inputs"]))
     constants = tuple(_parse_constant(obj, i, limits) for i, obj in enumerate(doc["constants"]))

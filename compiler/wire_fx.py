@@ -8,6 +8,8 @@ result is checked against the size limits before the next node runs.
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +18,7 @@ from torch import fx, nn
 
 from compiler.settings import WireLimits
 from compiler.wire_decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
-from compiler.wire_schema import GETITEM, Ref, WireError, storage_extent
+from compiler.wire_schema import GETITEM, Ref, ValidationCancelled, WireError, storage_extent
 
 _META = torch.device("meta")
 # Ops returning a list whose length is ceil(size / split_size) rather than bounded by args.
@@ -131,10 +133,15 @@ def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: 
         raise WireError(f"{node.op} fails on its arguments: {type(e).__name__}: {message}", where) from None
 
 
-def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits) -> dict[str, NodeMeta]:
+def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits,
+               deadline: float | None = None,
+               cancel: threading.Event | None = None) -> dict[str, NodeMeta]:
     """Each node's result meta, computed on meta tensors; WireError naming the node if an op
-    rejects its arguments or a result passes the limits. `display` maps names to the names
-    errors should use."""
+    rejects its arguments, a result passes the limits, or the elements of all results
+    together pass `max_total_numel`. `display` maps names to the names errors should use.
+
+    Between nodes: past `deadline` (a `time.monotonic()` value) WireError; with `cancel`
+    set, `ValidationCancelled` (no single node runs for long, so either stops soon)."""
     env: dict[str, Any] = {}
     for inp in spec.inputs:
         extent = storage_extent(inp.shape, inp.stride, inp.storage_offset)
@@ -153,11 +160,22 @@ def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits) 
         return value
 
     metas: dict[str, NodeMeta] = {}
+    total = 0
     for node in spec.nodes:
         where = display.get(node.name, node.name)
+        if cancel is not None and cancel.is_set():
+            raise ValidationCancelled(f"validation stopped at node {where!r}")
+        if deadline is not None and time.monotonic() > deadline:
+            raise WireError(f"validation took longer than {limits.max_validation_ms} ms "
+                            "(KILN_MAX_VALIDATION_MS); send a smaller graph", where)
         args = tuple(resolve(a) for a in node.args)
         kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
         result = _run_on_meta(node, args, kwargs, where, limits)
-        metas[node.name] = _result_meta(result, where, limits)
+        metas[node.name] = meta = _result_meta(result, where, limits)
+        total += sum(math.prod(m.shape) for m in (meta if isinstance(meta, tuple) else (meta,))
+                     if isinstance(m, TensorMeta))
+        if total > limits.max_total_numel:
+            raise WireError(f"the graph's results hold more than {limits.max_total_numel} "
+                            "elements together (KILN_MAX_TOTAL_NUMEL)", where)
         env[node.name] = result
     return metas
