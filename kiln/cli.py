@@ -155,6 +155,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import uvicorn
 
+    from service.api.limits import uvicorn_options
+
     where = "loopback: client endpoints need no token" if settings.loopback else \
         "every endpoint needs a token"
     print(f"kiln: serving on http://{settings.host}:{settings.port} ({where}); database "
@@ -176,13 +178,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kiln-metrics-")
         uvicorn.run("service.api.app:app_from_env", factory=True, workers=args.workers,
                     host=settings.host, port=settings.port, log_level=args.log_level,
-                    access_log=False)
+                    access_log=False, **uvicorn_options())
         return 0
     from service.api.app import create_app
 
     app = create_app(settings, embedded_worker=embedded, gpu_devices=gpus)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                access_log=False)
+                access_log=False, **uvicorn_options())
     return 0
 
 

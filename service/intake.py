@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
+from service.api.limits import BODY_TIMED_OUT
 from service.errors import ApiError
 from service.store import Submission
 
@@ -16,7 +22,8 @@ MAX_TAG = 200
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) anything over `limit` bytes before reading it all."""
+    """The request body, refusing (413) anything over `limit` bytes before reading it all,
+    and (408) a body that stopped arriving (`service.api.limits.BodyDeadlineMiddleware`)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -33,8 +40,88 @@ async def read_body(request: Request, limit: int) -> bytes:
                 raise ApiError(413, "too_large", f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
     except ClientDisconnect:
+        if request.scope.get(BODY_TIMED_OUT):
+            raise ApiError(408, "body_timeout", "the request body did not arrive in time; "
+                           "send it at once") from None
         raise ApiError(400, "bad_request", "the client disconnected before sending the body") from None
     return b"".join(chunks)
+
+
+class IntakeLimiter:
+    """At most `slots` submissions read and validated at once, holding at most `max_bytes`
+    of bodies between them (weighed by Content-Length, or the body limit when a body does
+    not declare it; one body alone is always let in). A submission waits up to `wait_s` for
+    room, then gets 503: the memory and CPU that submissions take stay bounded, and so
+    does the thread pool, so `/healthz` and schedule reads keep answering."""
+
+    def __init__(self, slots: int, max_bytes: int, wait_s: float) -> None:
+        self.slots, self.max_bytes, self.wait_s = slots, max_bytes, wait_s
+        self.in_flight, self.bytes = 0, 0
+        self._changed = asyncio.Condition()
+
+    def _fits(self, weight: int) -> bool:
+        return self.in_flight == 0 or (self.in_flight < self.slots
+                                       and self.bytes + weight <= self.max_bytes)
+
+    @asynccontextmanager
+    async def admit(self, weight: int) -> AsyncIterator[None]:
+        """Hold a place for one submission of `weight` bytes; ApiError 503 when none frees in time."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self._fits(weight)),
+                                       self.wait_s)
+            except TimeoutError:
+                raise ApiError(503, "busy", "the service is validating as many graphs as it "
+                               "may; retry shortly", headers={"Retry-After": "1"}) from None
+            self.in_flight += 1
+            self.bytes += weight
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.in_flight -= 1
+                self.bytes -= weight
+                self._changed.notify_all()
+
+
+def limiter_of(request: Request) -> IntakeLimiter:
+    """The app's IntakeLimiter, made from its settings on first use."""
+    state = request.app.state
+    if getattr(state, "intake_limiter", None) is None:
+        settings = state.settings
+        state.intake_limiter = IntakeLimiter(settings.intake_slots,
+                                             max(settings.intake_bytes, settings.body_limit),
+                                             settings.intake_wait_s)
+    return state.intake_limiter
+
+
+def body_weight(request: Request, limit: int) -> int:
+    """What a body will hold: its declared Content-Length, else the body limit."""
+    try:
+        return min(int(request.headers.get("content-length", limit)), limit)
+    except ValueError:
+        return limit
+
+
+async def parse_cancellable(request: Request, body: bytes) -> tuple[Submission, Any]:
+    """`parse_submission` in a worker thread, stopped between two nodes when the client
+    disconnects (validation of a large graph can take seconds of CPU)."""
+    cancel = threading.Event()
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        cancel.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await run_in_threadpool(parse_submission, body, cancel)
+    except ApiError as exc:
+        if exc.code == "cancelled":
+            log.info("validation of a %d-byte submission stopped: the client went away", len(body))
+        raise
+    finally:
+        watcher.cancel()
 
 
 def _field(obj: dict[str, Any], name: str) -> Any:
@@ -44,28 +131,16 @@ def _field(obj: dict[str, Any], name: str) -> Any:
     return obj[name]
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f'bare {name} is not JSON; write non-finite floats as {{"float": "nan"|"inf"|"-inf"}}')
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # A repeated key would let a proxy or a log see one value and kiln use another.
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"the key {key[:40]!r} repeats in one object")
-        obj[key] = value
-    return obj
-
-
-def parse_submission(body: bytes) -> tuple[Submission, Any]:
+def parse_submission(body: bytes, cancel: threading.Event | None = None) -> tuple[Submission, Any]:
     """Validate a submission body; returns the Submission and the parsed compiler.Graph.
-    Every problem a client can cause becomes an ApiError 422 naming what is wrong."""
+    Every problem a client can cause becomes an ApiError 422 naming what is wrong. The body
+    is decoded with the wire format's budgets (objects, arrays, repeated keys); setting
+    `cancel` stops validation (ApiError 400)."""
     import compiler
 
     try:
-        obj = json.loads(body, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError) as exc:
+        obj = compiler.parse_json(body, max_bytes=len(body))
+    except ValueError as exc:
         raise ApiError(422, "invalid_json", f"the body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ApiError(422, "invalid_request", "the body must be a JSON object")
@@ -76,7 +151,9 @@ def parse_submission(body: bytes) -> tuple[Submission, Any]:
         raise ApiError(422, "invalid_request",
                        f"'tag' must be a printable string of at most {MAX_TAG} characters")
     try:
-        graph = compiler.from_wire(raw_graph)
+        graph = compiler.from_wire(raw_graph, cancel=cancel)
+    except compiler.ValidationCancelled:
+        raise ApiError(400, "cancelled", "the client went away; validation stopped") from None
     except (ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
         raise ApiError(422, "invalid_graph", f"invalid graph: {exc}") from None
     try:

@@ -41,6 +41,11 @@ class Settings(BaseModel):
     build_timeout_s: float = Field(default=600.0, gt=0)  # then the job is left to another worker
     interpret_max_numel: int = Field(default=1 << 16, ge=0)  # CPU check on the interpreter
     build_memory_mb: int = Field(default=4096, ge=0)  # a build child's data segment; 0: no cap
+    intake_slots: int = Field(default=4, ge=1)  # submissions read and validated at once
+    intake_bytes: int = Field(default=32 << 20, ge=1)  # their bodies together
+    intake_wait_s: float = Field(default=10.0, ge=0)  # for room, then 503
+    body_timeout_s: float = Field(default=60.0, gt=0)  # a request body in all, then 408
+    body_idle_s: float = Field(default=10.0, gt=0)  # between two pieces of a body, then 408
     db_pool_size: int = Field(default=10, ge=1)
 
     @field_validator("database_url")

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api.deps import TokenRoles
+from service.api.limits import BodyDeadlineMiddleware
 from service.api.loopback import BrowserGuardMiddleware
 from service.api.openapi import install_docs
 from service.api.private_docs import PrivateDocsMiddleware
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     app.state.reader = ScheduleReader(ctx)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(BodyDeadlineMiddleware, total_s=ctx.settings.body_timeout_s, idle_s=ctx.settings.body_idle_s)
     app.add_middleware(PrivateDocsMiddleware, loopback=ctx.settings.loopback)
     # Added last, so it runs first: refused requests never reach a route or read a body.
     app.add_middleware(BrowserGuardMiddleware, loopback=ctx.settings.loopback)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from service import store
 from service.api.deps import Client, Ctx
 from service.context import ServiceContext
-from service.intake import parse_submission, read_body
+from service.intake import body_weight, limiter_of, parse_cancellable, read_body
 from service.metrics import LOOKUPS, SUBMISSIONS
 from service.store import Submission
 
@@ -67,7 +67,9 @@ async def submit_graph(request: Request, ctx: Ctx, who: Client) -> JSONResponse:
     """Submit `{"graph", "target", "tag"?}`: 200 with the tuned schedule, else 202 with the
     job (and the heuristic schedule once there is one). One job per tuning key; the caller
     becomes one of its owners, who alone (with admins) may read it."""
-    body = await read_body(request, ctx.settings.body_limit)
-    sub, _graph = await run_in_threadpool(parse_submission, body)
+    limit = ctx.settings.body_limit
+    async with limiter_of(request).admit(body_weight(request, limit)):
+        body = await read_body(request, limit)
+        sub, _graph = await parse_cancellable(request, body)
     status, answer = await run_in_threadpool(_record, ctx, sub, who.owner)
     return JSONResponse(answer, status_code=status)

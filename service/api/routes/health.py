@@ -20,8 +20,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process answers."""
+async def healthz() -> dict[str, str]:
+    """The process answers (on the event loop: never queued behind the thread pool)."""
     return {"status": "ok"}
 
 
