@@ -202,10 +202,14 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 
 def _copy_leading(dest: torch.Tensor, values: torch.Tensor) -> None:
-    """Copy `values` into the leading part of `dest`'s last dim (efficient attention pads
-    logsumexp to a multiple of 32); the padding gets the last real value of its row."""
+    """Copy `values` into `dest`: as it is, with cuDNN's trailing unit dim, or into the
+    leading part of `dest`'s last dim (efficient attention pads logsumexp to a multiple of
+    32; the padding gets the last real value of its row)."""
     if dest.shape == values.shape:
         dest.copy_(values)
+        return
+    if dest.shape == (*values.shape, 1):  # cuDNN keeps logsumexp as (B, H, S, 1)
+        dest.copy_(values.unsqueeze(-1))
         return
     n = min(values.shape[-1], dest.shape[-1])
     if dest.shape[:-1] != values.shape[:-1] or n == 0:

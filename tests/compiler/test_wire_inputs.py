@@ -145,3 +145,12 @@ def test_attention_stats_honour_an_additive_mask_that_is_an_input() -> None:
     scores = x[1].double() @ x[2].double().transpose(-2, -1) * 0.25 + x[6].double()
     assert torch.allclose(x[5].double(), torch.logsumexp(scores, -1), atol=1e-5)
     assert torch.allclose(x[4].double(), torch.softmax(scores, -1) @ x[3].double(), atol=1e-5)
+
+
+def test_a_logsumexp_with_cudnn_trailing_unit_dim_is_filled() -> None:
+    from compiler.input_stats import _copy_leading
+
+    dest = torch.zeros(2, 3, 5, 1)
+    values = torch.randn(2, 3, 5)
+    _copy_leading(dest, values)
+    assert torch.equal(dest[..., 0], values)
