@@ -118,6 +118,44 @@ def positive_inputs(graph: Graph) -> set[str]:
     return positive
 
 
+# Contractions: (op, argument position of the operand drawn as a weight).
+_CONTRACTIONS = {
+    "aten.mm.default": 1, "aten.bmm.default": 1, "aten.addmm.default": 2,
+    "aten.baddbmm.default": 2, "aten.convolution.default": 1,
+    "aten.convolution_backward.default": 2,
+}
+
+
+def weight_scales(graph: Graph) -> dict[str, float]:
+    """Float inputs that are the second operand of a matmul or a convolution's weight:
+    the standard deviation to draw them with, 1/sqrt(fan in) (PyTorch's default inits are
+    of that size). Drawn standard normal, each of a deep network's layers multiplies
+    activations and gradients by about sqrt(fan in): a 6-layer GPT-2's bf16 backward
+    overflowed on such inputs, eager included, and verification compared infinities."""
+    shapes: dict[str, tuple[int, ...]] = {i.name: i.shape for i in graph.inputs}
+    shapes.update({n.name: n.meta.shape for n in graph.nodes if isinstance(n.meta, TensorMeta)})
+    origin = {i.name: i.name for i in graph.inputs if i.dtype.is_floating_point}
+    fan_in: dict[str, int] = {}
+    for node in graph.nodes:
+        first = node.args[0] if node.args and isinstance(node.args[0], Ref) else None
+        if node.op in _PASS_THROUGH and first is not None and first.name in origin:
+            origin[node.name] = origin[first.name]
+            continue
+        pos = _CONTRACTIONS.get(node.op)
+        if pos is None or len(node.args) <= pos or not isinstance(node.args[pos], Ref):
+            continue
+        operand = node.args[pos]
+        shape = shapes.get(operand.name, ())
+        if node.op.startswith("aten.convolution"):
+            fan = math.prod(shape[1:]) if len(shape) > 1 else 0
+        else:
+            fan = shape[-2] if len(shape) >= 2 else 0
+        source = origin.get(operand.name)
+        if source is not None and fan > 1:
+            fan_in[source] = max(fan, fan_in.get(source, 0))
+    return {name: fan ** -0.5 for name, fan in fan_in.items()}
+
+
 def _pair(value: Any, default: list[int]) -> list[int]:
     value = list(value) if isinstance(value, list) and value else default
     return value * 2 if len(value) == 1 else value
@@ -168,7 +206,8 @@ def _tap(start: torch.Tensor, size: int, kernel: int, dil: int, u: torch.Tensor)
 def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str | torch.device = "cpu") -> list[torch.Tensor]:
     """Seeded random tensors for every graph input, honouring dtype, shape, stride and
     storage offset. Floats are standard normal, or uniform in [0.5, 1.5) where they reach
-    sqrt/rsqrt/log/reciprocal (`positive_inputs`); saved statistics of backward graphs
+    sqrt/rsqrt/log/reciprocal (`positive_inputs`), or normal with std 1/sqrt(fan in) where
+    they are a matmul's second operand or a convolution's weight (`weight_scales`); saved statistics of backward graphs
     (rstd, invstd, log-probabilities, attention logsumexp: `compiler.input_stats`) are drawn
     or computed in their realistic range; integer inputs that feed index ops (embedding,
     index, gather, scatter, nll_loss targets) are drawn in [0, size of the indexed dim),
@@ -181,6 +220,7 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
     ranges = index_ranges(graph)
     windows = _pool_windows(graph)
     positive = positive_inputs(graph)
+    scales = weight_scales(graph)
     stats = input_stats.find(graph, _PASS_THROUGH)
     flats, views = [], {}
     for inp in graph.inputs:
@@ -198,7 +238,10 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
                 input_stats.draw_log_probs(inp.shape, gen))
         elif inp.dtype.is_floating_point or inp.dtype.is_complex:
             draw_dtype = inp.dtype if inp.dtype.itemsize >= 2 and not str(inp.dtype).startswith("torch.float8") else torch.float32
-            flat = torch.randn(extent, generator=gen, dtype=draw_dtype).to(inp.dtype)
+            flat = torch.randn(extent, generator=gen, dtype=draw_dtype)
+            if inp.name in scales:
+                flat = flat * scales[inp.name]
+            flat = flat.to(inp.dtype)
         elif inp.name in windows and len(inp.shape) >= 2 and numel:
             dense = _draw_pool_indices(inp.shape, windows[inp.name], gen).to(inp.dtype)
             flat = torch.zeros(extent, dtype=inp.dtype)

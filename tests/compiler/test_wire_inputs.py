@@ -154,3 +154,20 @@ def test_a_logsumexp_with_cudnn_trailing_unit_dim_is_filled() -> None:
     values = torch.randn(2, 3, 5)
     _copy_leading(dest, values)
     assert torch.equal(dest[..., 0], values)
+
+
+def test_weights_are_drawn_at_init_scale_so_deep_graphs_stay_finite() -> None:
+    from compiler.inputs import weight_scales
+    from compiler.tracing import trace_training
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(24)]).to(torch.bfloat16)
+    fwd, bwd, fwd_in, bwd_in = trace_training(model, [torch.randn(32, 256, dtype=torch.bfloat16)])
+    for gm, ins in ((fwd, fwd_in), (bwd, bwd_in)):
+        graph = from_wire(to_wire(gm, ins))
+        scales = weight_scales(graph)  # 1/sqrt(256) for the weights (backward: also dY, 1/sqrt(32))
+        assert sum(abs(s - 1 / 16) < 1e-9 for s in scales.values()) >= 23
+        outputs = [o for o in graph.to_fx()(*random_inputs(graph, seed=1))
+                   if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        # Standard normal weights would grow each layer by 16x: 16**24 overflows bf16.
+        assert all(torch.isfinite(o).all() and float(o.float().abs().max()) < 1e4 for o in outputs)
