@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -160,15 +159,14 @@ def parse_submission(body: bytes, cancel: threading.Event | None = None) -> tupl
         target = compiler.Target.from_json(raw_target)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ApiError(422, "invalid_target", f"invalid target: {exc}") from None
-    wire = graph.to_json()
     sub = Submission(
         key=compiler.tuning_key(graph, target),
         graph_hash=compiler.graph_hash(graph),
         target=target.to_json(),
         queue_class=target.queue_class,
-        wire=json.dumps(wire, sort_keys=True, separators=(",", ":")),
+        wire=graph.canonical_text(),  # the text graph_hash hashed: no second copy of a large graph
         op_summary=dict(graph.op_summary()),
-        num_nodes=len(wire.get("nodes", ())),
+        num_nodes=len(graph.nodes),
         tag=tag,
     )
     return sub, graph
