@@ -151,8 +151,9 @@ def retune(session: Session, key: str) -> dict[str, Any] | None:
 
 
 def stats(session: Session, queue: Any = None) -> dict[str, Any]:
-    """Counts for the stats page. `queue` is a JobQueue, a mapping of depths, or None; an
-    unreachable queue gives an empty `queue_depth`."""
+    """Counts for the stats page and `kiln stats`. `queue` is a JobQueue, a mapping of
+    depths, or None; an unreachable queue gives an empty `queue_depth`. Speedups and the
+    tuned fraction (tuned among GPU-target entries with a schedule) leave CPU targets out."""
     by_status = dict.fromkeys(STATUSES, 0)
     for status, n in session.execute(select(ScheduleRow.status, func.count())
                                      .group_by(ScheduleRow.status)):
@@ -167,9 +168,23 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
             .where(LookupCountRow.bucket >= since).order_by(LookupCountRow.bucket)):
         point = series.setdefault(bucket, {"hits": 0, "misses": 0})
         point["hits" if kind == "hit" else "misses"] += n
+    # CPU targets run on the interpreter, whose times are no measure of speed, and are
+    # never tuned: both GPU-only.
+    on_gpu = ScheduleRow.device_type != "cpu"
     speedups = [eager / tuned for eager, tuned in session.execute(
         select(ScheduleRow.eager_ms, ScheduleRow.tuned_ms)
-        .where(ScheduleRow.status == "tuned", ScheduleRow.eager_ms > 0, ScheduleRow.tuned_ms > 0))]
+        .where(ScheduleRow.status == "tuned", on_gpu, ScheduleRow.eager_ms > 0,
+               ScheduleRow.tuned_ms > 0))]
+    gpu_ready = dict(session.execute(
+        select(ScheduleRow.status, func.count())
+        .where(on_gpu, ScheduleRow.status.in_(store.READY)).group_by(ScheduleRow.status)).all())
+    tunable = sum(gpu_ready.values())
+    waiting: dict[str, dict[str, int]] = {}
+    for stage, status, n in session.execute(
+            select(JobRow.stage, JobRow.status, func.count())
+            .where(JobRow.status.in_(("queued", "running")))
+            .group_by(JobRow.stage, JobRow.status)):
+        waiting.setdefault(stage, {"queued": 0, "running": 0})[status] = n
     if queue is None:
         depth: dict[str, int] = {}
     elif isinstance(queue, Mapping):
@@ -189,7 +204,9 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
         "entries_by_status": by_status, "hits": int(totals.get("hit") or 0),
         "misses": sum(reasons.values()), "misses_by_reason": reasons,
         "hit_rate_series": [{"t": t.isoformat(), **v} for t, v in series.items()],
-        "speedups": speedups, "queue_depth": depth, "workers": workers,
+        "speedups": speedups, "gpu_entries_ready": tunable,
+        "tuned_fraction": gpu_ready.get("tuned", 0) / tunable if tunable else None,
+        "queue_depth": depth, "jobs_waiting": waiting, "workers": workers,
     }
 
 

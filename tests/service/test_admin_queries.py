@@ -58,6 +58,23 @@ def test_detail_stats_and_jobs(pg_ctx: ServiceContext, entries: list[str]) -> No
         assert stats["entries_by_status"] == {"pending": 4, "heuristic": 0, "tuned": 1,
                                               "failed": 0, "invalidated": 0}
         assert stats["speedups"] == [2.0] and stats["queue_depth"] == {"build": 5}
+        assert stats["tuned_fraction"] == 1.0 and stats["gpu_entries_ready"] == 1
+        assert stats["jobs_waiting"] == {"build": {"queued": 5, "running": 0}}
         jobs = admin_queries.list_jobs(session, status="queued", limit=3)["items"]
         assert len(jobs) == 3 and {"id", "key", "status", "progress", "attempts", "error",
                                    "history"} <= set(jobs[0])
+
+
+def test_speedups_and_tuned_fraction_leave_cpu_targets_out(pg_ctx: ServiceContext,
+                                                           entries: list[str]) -> None:
+    """Interpreter times are no speed: a CPU entry's 'speedup' would swamp the plot."""
+    with pg_ctx.transaction() as session:
+        cpu = fake_submission(arch="cpu")
+        store.submit(session, cpu)
+        for key, status, timings in ((cpu.key, "tuned", {"eager_ms": 900.0, "tuned_ms": 1.0}),
+                                     (entries[3], "heuristic", {"heuristic_ms": 2.0})):
+            assert store.publish_schedule(session, key, status, {"kernels": []}, [], timings)
+        stats = admin_queries.stats(session)
+    assert stats["speedups"] == [2.0]
+    assert stats["gpu_entries_ready"] == 2 and stats["tuned_fraction"] == 0.5
+    assert stats["entries_by_status"]["tuned"] == 2  # the count itself keeps every target
