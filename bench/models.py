@@ -48,7 +48,7 @@ def _resnet18(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.
 
 
 def _gpt_block(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
-    from compiler.benchcases import case
+    from bench.cases import case
 
     return case("gpt_block_train", scale="tiny" if small else "full").make(device)
 

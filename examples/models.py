@@ -1,5 +1,5 @@
 """Models used by the examples (and by the client tests): the seed MLP and a small GPT
-built from BENCH.md's gpt_block (`compiler.benchcases.GPTBlock`).
+built from BENCH.md's gpt_block (`bench.cases.GPTBlock`).
 
 Deterministic given a seed; sizes are arguments so the CPU tests (Triton interpreter) can
 keep them tiny while the GPU benchmark uses BENCH.md's gpt_block shapes.
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # BENCH.md's gpt_block, as the benchmarks and the compiler's corpus define it.
-from compiler.benchcases import GPTBlock as Block
+from bench.cases import GPTBlock as Block
 
 __all__ = ["GPT", "Block", "GPTConfig", "SeedMLP", "gpt_batches", "not_through_kiln", "train"]
 

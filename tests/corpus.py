@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from compiler.benchcases import GPTBlock, SeedMLP
+from bench.cases import GPTBlock, SeedMLP
 from compiler.tracing import trace_inference, trace_training
 
 

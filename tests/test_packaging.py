@@ -35,3 +35,12 @@ def test_image_has_a_c_compiler_for_tritons_launcher() -> None:
     install = re.search(r"apt-get install[^\n]*", dockerfile)
     assert install and "gcc" in install.group(0) and "libc6-dev" in install.group(0)
     assert dockerfile.index("apt-get install") < dockerfile.index("USER kiln")
+
+
+def test_only_the_product_packages_ship() -> None:
+    """bench/ (benchmarks, coverage, GPU checks), tests/ and examples/ stay out of the wheel."""
+    from setuptools import find_packages
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = {name.split(".")[0] for name in find_packages(str(REPO), include=include)}
+    assert shipped == {"compiler", "tuner", "service", "kiln", "migrations"}

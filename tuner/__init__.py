@@ -1,4 +1,4 @@
-"""kiln's tuner: search spaces, isolated candidate runs, verification, search, benchmarks.
+"""kiln's tuner: search spaces, isolated candidate runs, verification, search.
 
 Public names load lazily so that `import tuner` stays cheap.
 """

@@ -1,4 +1,4 @@
-"""`python -m tuner.bench`: the BENCH.md suite, eager vs Inductor vs kiln, one table last.
+"""`python -m bench.suite`: the BENCH.md suite, eager vs Inductor vs kiln, one table last.
 
 Per case and path: correctness against eager first (a wrong path gets no time), then the
 median ms (do_bench, L2 flushed), the time from a cold start to the first compiled call,
@@ -20,9 +20,9 @@ import tempfile
 import time
 from typing import Any
 
-from tuner.bench_paths import compiled_path, kiln_path, step, sync, tune_graphs
+from bench.suite_paths import compiled_path, kiln_path, step, sync, tune_graphs
 
-log = logging.getLogger("tuner.bench")
+log = logging.getLogger("bench.suite")
 
 
 def _cold_caches() -> None:
@@ -42,7 +42,7 @@ def run_case(
     """All paths of one case; every failure is recorded in the row, never raised."""
     import torch
 
-    from tuner.cases import make_case, roofline_ms
+    from bench.suite_cases import make_case, roofline_ms
     from tuner.search import Budget
     from tuner.timing import time_fn
 
@@ -259,9 +259,9 @@ def first_call_table(rows: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from tuner.cases import CASE_NAMES
+    from bench.suite_cases import CASE_NAMES
 
-    p = argparse.ArgumentParser(prog="python -m tuner.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.splitlines()[0])
     p.add_argument("--cases", default=",".join(CASE_NAMES), help="comma-separated subset")
     p.add_argument(
         "--device", default="cuda", help="cuda (the suite) or cpu (interpreter, correctness)"
@@ -355,7 +355,7 @@ def _main(argv: list[str] | None) -> int:
         "device": device_name,
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "command": "python -m tuner.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.suite " + " ".join(argv if argv is not None else sys.argv[1:]),
         "ceilings": ceilings,
         "target": target.to_json(),
         "notes": NOTES,

@@ -1,11 +1,11 @@
-"""`python -m compiler.coverage`: where each aten node of a graph ends up."""
+"""`python -m bench.coverage`: where each aten node of a graph ends up."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from compiler.coverage import count, node_placement
+from bench.coverage import count, node_placement
 from compiler.frontend import lower_graph
 from tests.compiler.oputil import rand, trace
 

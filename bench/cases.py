@@ -1,8 +1,9 @@
 """The BENCH.md cases as traceable modules with their inputs, at full size or shrunk for the CPU.
 
-The one definition of the suite's models and inputs: `python -m compiler.coverage` and
-`python -m compiler.gpu_check` use it directly, and the tuner's `python -m tuner.bench`
-(the full benchmark) builds its cases on it, adding its roofline terms.
+The one definition of the suite's models and inputs: `python -m bench.coverage` and
+`python -m bench.gpu_check` use it directly, `python -m bench.suite` (the full benchmark)
+builds its cases on it, adding its roofline terms, and the test corpus and the examples
+take their models from it.
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ _GPT = {"full": {"b": 8, "s": 1024, "d": 1024, "h": 16}, "small": {"b": 2, "s": 
         "tiny": {"b": 1, "s": 16, "d": 32, "h": 2}}
 
 # Case -> scale -> sizes. "full": BENCH.md's GPU shapes; "small": about 1/16 of them, for the
-# interpreter (`compiler.coverage`, `compiler.gpu_check --small`); "tiny": smaller still, for
-# `python -m tuner.bench --device cpu`, which builds and runs every tuning candidate.
+# interpreter (`bench.coverage`, `bench.gpu_check --small`); "tiny": smaller still, for
+# `python -m bench.suite --device cpu`, which builds and runs every tuning candidate.
 DIMS: dict[str, dict[str, dict[str, int]]] = {
     "seed_mlp": {"full": {"batch": 32}, "small": {"batch": 32}, "tiny": {"batch": 4}},
     "seed_matmul": {"full": {"n": 128}, "small": {"n": 128}, "tiny": {"n": 16}},

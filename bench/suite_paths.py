@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("tuner.bench")
+log = logging.getLogger("bench.suite")
 
 
 def sync(device: str) -> None:

@@ -1,4 +1,4 @@
-"""`python -m tuner.bench --device cpu` end to end on one small case (interpreter)."""
+"""`python -m bench.suite --device cpu` end to end on one small case (interpreter)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tuner import bench
+from bench import suite
 
 pytestmark = pytest.mark.xdist_group("tuner_runner")
 
@@ -25,7 +25,7 @@ REQUIRED = {
 
 def test_bench_cpu_checks_kiln_against_eager_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "cpu.json"
-    code = bench.main(
+    code = suite.main(
         ["--device", "cpu", "--cases", "rmsnorm", "--tune-trials", "2", "--out", str(out)]
     )
     assert code == 0
@@ -43,4 +43,4 @@ def test_bench_cpu_checks_kiln_against_eager_and_writes_json(tmp_path, capsys) -
 
 def test_bench_rejects_unknown_cases() -> None:
     with pytest.raises(SystemExit):
-        bench.main(["--device", "cpu", "--cases", "nope"])
+        suite.main(["--device", "cpu", "--cases", "nope"])

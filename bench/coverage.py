@@ -1,4 +1,4 @@
-"""Op coverage: `python -m compiler.coverage` prints, for the test corpus and the BENCH.md
+"""Op coverage: `python -m bench.coverage` prints, for the test corpus and the BENCH.md
 suite (small shapes), how many aten nodes ran in Triton kernels and how many as ATen calls,
 by op. It counts what lowering decides; a schedule may still run a big matmul kernel as
 its `aten` variant (cuBLAS, with the fused epilogue as a Triton kernel) on a GPU target.
@@ -7,7 +7,6 @@ Exit status 1 when a pointwise, reduction or matmul op fell back to an ATen call
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import Counter
 from collections.abc import Iterator
 
@@ -45,17 +44,13 @@ def count(program: Program) -> Counter[tuple[str, str]]:
 def _graphs(suites: list[str]) -> Iterator[tuple[str, fx.GraphModule, list[torch.Tensor]]]:
     from compiler.tracing import trace_inference, trace_training
 
-    if "corpus" in suites:
-        try:
-            from tests.corpus import corpus
-        except ImportError:
-            print("tests.corpus not importable (run from the repository root); skipping corpus",
-                  file=sys.stderr)
-        else:
-            for case in corpus():
-                yield f"corpus/{case.name}", case.gm, case.example_inputs
+    if "corpus" in suites:  # bench/ runs from the repository root, beside tests/
+        from tests.corpus import corpus
+
+        for case in corpus():
+            yield f"corpus/{case.name}", case.gm, case.example_inputs
     if "bench" in suites:
-        from compiler.benchcases import cases
+        from bench.cases import cases
 
         for case in cases(small=True):
             torch.manual_seed(0)

@@ -1,8 +1,8 @@
-"""The BENCH.md suite for `python -m tuner.bench`: nine cases, at the GPU shape or the tiny
+"""The BENCH.md suite for `python -m bench.suite`: nine cases, at the GPU shape or the tiny
 CPU shape.
 
-The models and inputs are `compiler.benchcases`' (the one definition the compiler's
-coverage and GPU check use too); this module adds what only the benchmark needs: a kind
+The models and inputs are `bench.cases`' (the one definition the coverage count and
+the GPU check use too); this module adds what only the benchmark needs: a kind
 label, whether a case trains (forward plus backward), and its roofline terms, the bytes
 that must move once and the FLOPs that must be done.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiler.benchcases import CASE_NAMES, case
+from bench.cases import CASE_NAMES, case
 
 __all__ = ["CASE_NAMES", "Case", "make_case", "roofline_ms"]
 

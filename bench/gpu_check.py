@@ -1,8 +1,8 @@
-"""`python -m compiler.gpu_check`: BENCH.md cases built with heuristic schedules, checked
+"""`python -m bench.gpu_check`: BENCH.md cases built with heuristic schedules, checked
 against eager, and timed (eager / Inductor default / kiln heuristic) with do_bench.
 
 A quick correctness and heuristic-speed check of the compiler; the full benchmark is
-`python -m tuner.bench`. On the CPU (`--device cpu`, shrunk shapes, Triton interpreter)
+`python -m bench.suite`. On the CPU (`--device cpu`, shrunk shapes, Triton interpreter)
 only correctness runs.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from compiler.benchcases import BenchCase, cases
+from bench.cases import BenchCase, cases
 
-log = logging.getLogger("compiler.gpu_check")
+log = logging.getLogger("bench.gpu_check")
 TOL = {torch.float32: 2e-3, torch.bfloat16: 4e-2, torch.float16: 1e-2}
 
 
