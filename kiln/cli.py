@@ -318,6 +318,36 @@ def cmd_db_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    """`kiln stats` through the admin API (kiln/cli_client.py). The token: KILN_ADMIN_TOKEN,
+    else KILN_TOKEN, else, for a service on this machine, the one `kiln serve` keeps."""
+    from kiln.cli_client import show_stats
+
+    token = os.environ.get("KILN_ADMIN_TOKEN") or os.environ.get("KILN_TOKEN")
+    url = args.url if args.url is not None else os.environ.get("KILN_URL", "")
+    return show_stats(args, token or _stored_admin_token(url))
+
+
+def _stored_admin_token(url: str) -> str | None:
+    """The embedded default's admin token file, read only for a loopback URL (never sent
+    elsewhere), and only where the service is installed; None otherwise."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname if url else "127.0.0.1"
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    try:
+        from service.settings import default_database_url
+    except ImportError:  # a client install: no server here
+        return None
+    try:
+        path = admin_token_file(os.environ.get("KILN_DATABASE_URL") or default_database_url())
+        token = path.read_text().strip() if path is not None else ""
+    except (OSError, RuntimeError):
+        return None
+    return token or None
+
+
 def cmd_tune(argv: list[str]) -> int:
     """Compile and tune a model file locally (the tuner's CLI)."""
     from tuner.cli import main as tune_main
@@ -416,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"keep {what} for N days (default {days}: service.retention)")
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     prune.set_defaults(func=cmd_db_prune)
+
+    from kiln.cli_client import add_parsers
+
+    add_parsers(sub, cmd_stats)
 
     sub.add_parser("tune", help="compile and tune a model file locally", add_help=False)
     return parser

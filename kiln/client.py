@@ -111,6 +111,18 @@ class ServiceClient:
         return Job(id=str(job_id), status=doc["status"],
                    error=error if isinstance(error, str) else None)
 
+    # -- `kiln stats` ----------------------------------------------------------------------
+
+    def admin_stats(self) -> dict[str, Any]:
+        """GET /v1/admin/stats (needs an admin token): what `kiln stats` prints."""
+        status, doc = self._request("GET", "/v1/admin/stats")
+        if status != 200:
+            raise self._unexpected(status, doc)
+        if not isinstance(doc, dict) or not isinstance(doc.get("entries_by_status"), dict):
+            raise ServiceError("malformed", f"stats answer without entries_by_status: "
+                               f"{_short(doc)}")
+        return doc
+
     # -- transport --------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:

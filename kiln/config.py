@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kiln.cache import DEFAULT_MAX_BYTES
+
 Mode = Literal["wait", "async"]
 MODES: tuple[str, ...] = ("wait", "async")
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def _default_cache_dir() -> Path:
@@ -45,6 +48,7 @@ class Config:
     retries: int = 2  # extra attempts for a failed request (connection error, 429, 502-504)
     tag: str | None = None  # optional model tag sent with each graph (dashboard)
     cache: bool = True  # use the local disk cache
+    cache_max_bytes: int = DEFAULT_MAX_BYTES  # its size cap (least recently used go)
     background: bool = False  # compile off the training thread; run eagerly until ready
 
     def __post_init__(self) -> None:
@@ -57,6 +61,9 @@ class Config:
                 raise ValueError(f"kiln {name} must be a number >= 0, not {value!r}")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"kiln retries must be an int >= 0, not {self.retries!r}")
+        if not isinstance(self.cache_max_bytes, int) or self.cache_max_bytes < 0:
+            raise ValueError(f"kiln cache_max_bytes must be an int >= 0, not "
+                             f"{self.cache_max_bytes!r}")
 
     @property
     def schedule_dir(self) -> Path:
@@ -80,6 +87,21 @@ def _flag(value: str) -> bool:
     raise ValueError("expected 1 or 0")
 
 
+def parse_size(value: str) -> int:
+    """A size in bytes from `1073741824`, `512M`, `1G`, `1.5GiB` (K, M, G, T are powers of
+    1024); raises ValueError for anything else."""
+    text = value.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+    try:
+        size = float(text.removesuffix(unit)) * _SIZE_UNITS.get(unit, 1)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a size (bytes, or a number with K, M, G or T)") \
+            from None
+    if size < 0 or size != size or size == float("inf"):
+        raise ValueError(f"{value!r} is not a size >= 0")
+    return int(size)
+
+
 def _non_negative(parse: Any) -> Any:
     def check(value: str) -> Any:
         number = parse(value)
@@ -96,6 +118,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "KILN_TOKEN": ("token", lambda v: v or None),
     "KILN_MODE": ("mode", _mode),
     "KILN_CACHE_DIR": ("cache_dir", lambda v: Path(v) if v else None),
+    "KILN_CACHE_MAX_BYTES": ("cache_max_bytes", parse_size),
     "KILN_CONNECT_TIMEOUT": ("connect_timeout", _non_negative(float)),
     "KILN_TIMEOUT": ("request_timeout", _non_negative(float)),
     "KILN_WAIT_TIMEOUT": ("wait_timeout", _non_negative(float)),
@@ -130,7 +153,7 @@ def configure(reset: bool = False, **options: Any) -> Config:
 
     Accepts any `Config` field (`url`, `token`, `mode`, `cache_dir`, `connect_timeout`,
     `request_timeout`, `wait_timeout`, `poll_interval`, `poll_for`, `retries`, `tag`,
-    `cache`, `background`). `reset=True` first forgets earlier calls. Returns the resulting
+    `cache`, `cache_max_bytes`, `background`). `reset=True` first forgets earlier calls. Returns the resulting
     config.
     """
     unknown = set(options) - _FIELDS

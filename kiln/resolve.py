@@ -47,7 +47,8 @@ class Resolver:
     @classmethod
     def from_config(cls, config: Config) -> Resolver:
         """Cache and clients as the config says (`url` None: no service)."""
-        cache = ScheduleCache(config.schedule_dir) if config.cache else None
+        cache = (ScheduleCache(config.schedule_dir, config.cache_max_bytes) if config.cache
+                 else None)
         client = quick = None
         if config.url:
             client = ServiceClient(config.url, config.token, config.connect_timeout,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -142,6 +144,69 @@ def test_concurrent_writers_on_one_node_never_expose_a_partial_entry(tmp_path):
         bad = pool.starmap(_hammer, [(str(tmp_path), w, 40) for w in range(4)])
     assert bad == [0, 0, 0, 0]
     assert ScheduleCache(tmp_path).get(KEY) is not None
+
+
+def _keys(n: int) -> list[str]:
+    return [f"{i:02x}" * 32 for i in range(1, n + 1)]
+
+
+def test_cache_size_cap_evicts_the_least_recently_used_on_write(tmp_path):
+    """Writes past the cap evict down to 90% of it, oldest use first; a read counts as a
+    use (mtime, since atime is often off), so a schedule read every run stays."""
+    pad = {"pad": "x" * 4000}
+    keys = _keys(6)
+    cache = ScheduleCache(tmp_path, max_bytes=10**9)
+    cache.put(keys[0], "tuned", pad)
+    size = cache.path(keys[0]).stat().st_size
+    capped = ScheduleCache(tmp_path, max_bytes=int(size * 3.5))
+    for key in keys[1:3]:
+        capped.put(key, "heuristic", pad)
+    for age, key in zip((300, 200, 100), keys[:3], strict=True):  # keys[0] used longest ago
+        os.utime(capped.path(key), (time.time() - age, time.time() - age))
+    assert capped.get(keys[0]) is not None  # read now: most recently used
+    capped.put(keys[3], "heuristic", pad)  # 4 entries > 3.5: evict to <= 3.15 entries
+    left = {f.key for f in capped.scan()}
+    assert left == {keys[0], keys[2], keys[3]}, "keys[1] was the least recently used"
+    assert sum(f.size for f in capped.scan()) <= capped.max_bytes
+    # Another process's writes are seen when the running total passes the cap.
+    other = ScheduleCache(tmp_path, max_bytes=None)
+    other.put(keys[4], "heuristic", pad)
+    capped.put(keys[5], "heuristic", pad)
+    assert sum(f.size for f in capped.scan()) <= capped.max_bytes
+    assert capped.get(keys[5]) is not None  # the entry just written always stays
+
+
+def test_cache_prune_by_age_and_size_and_stale_temporaries(tmp_path):
+    cache = ScheduleCache(tmp_path, max_bytes=None)
+    keys = _keys(3)
+    for age, key in zip((40, 20, 0), keys, strict=True):
+        cache.put(key, "tuned", {"k": key})
+        days = time.time() - age * 86400
+        os.utime(cache.path(key), (days, days))
+    stale = cache.path(keys[0]).parent / ".0101010101010101.x.tmp"
+    stale.write_text("half")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    dry = cache.prune(older_than_s=30 * 86400, dry_run=True)
+    assert (dry.removed, dry.kept) == (1, 2) and cache.peek(keys[0]) is not None
+    assert stale.exists()
+    first = cache.prune(older_than_s=30 * 86400)
+    assert first.removed == 1 and {f.key for f in cache.scan()} == {keys[1], keys[2]}
+    assert not stale.exists()
+    size = cache.path(keys[2]).stat().st_size
+    second = cache.prune(max_bytes=size)
+    assert (second.removed, second.kept, second.kept_bytes) == (1, 1, size)
+    assert [f.key for f in cache.scan()] == [keys[2]]
+    assert cache.prune(max_bytes=0).kept == 0
+
+
+def test_cache_cap_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("KILN_CACHE_MAX_BYTES", "512M")
+    assert kiln_config.current().cache_max_bytes == 512 << 20
+    monkeypatch.setenv("KILN_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="KILN_CACHE_MAX_BYTES='lots' is not valid"):
+        kiln_config.current()
+    monkeypatch.delenv("KILN_CACHE_MAX_BYTES")
+    assert kiln_config.current().cache_max_bytes == 1 << 30
 
 
 # -- warnings ----------------------------------------------------------------------------
