@@ -34,6 +34,7 @@ _lock = threading.Lock()
 _resolvers: dict[kiln_config.Config, Resolver] = {}
 _threads: dict[str, Any] = {}  # "poller" and "compiler": each started on first use
 _compiled: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+MAX_MODEL_NAME = 120  # the tag adds the graph's role; the service takes 200 characters
 
 
 def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -63,9 +64,11 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         return gm
 
     _start_compile_workers()
+    model = _model_name()  # now: dynamo is tracing the frame; the backward compiles later
 
     def compiler_for(kind: str) -> Callable[..., Any]:
-        return functools.partial(compile_graph, config=config, kind=kind)
+        tag = config.tag or (f"{model} {kind}" if model else None)
+        return functools.partial(compile_graph, config=config, kind=kind, tag=tag)
 
     try:
         backend = aot_autograd(fw_compiler=compiler_for("forward"),
@@ -96,27 +99,51 @@ def _start_compile_workers() -> None:
                     "time", type(exc).__name__, exc)
 
 
+def _model_name() -> str | None:
+    """What the dashboard calls the code dynamo is compiling: the module's class (the
+    frame's `self`), else the function's name; None for a frame resumed after a graph break
+    without its module, or where dynamo's internals do not say (they are private)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        code, local = tx.f_code, tx.f_locals
+        first = local.get(code.co_varnames[0]) if code.co_argcount else None
+        for value in (first, local.get("self")):
+            if isinstance(value, torch.nn.Module):
+                return type(value).__name__[:MAX_MODEL_NAME]
+        name = code.co_name
+    except Exception:  # any change in dynamo's internals: no default name
+        return None
+    if name.startswith("torch_dynamo_resume_in_") or not name.isidentifier():
+        return None
+    return name[:MAX_MODEL_NAME]
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                   config: kiln_config.Config | None = None,
-                  kind: str = "inference") -> Callable[..., Any]:
+                  kind: str = "inference", tag: str | None = None) -> Callable[..., Any]:
     """Compile one aten graph (`kind`: forward, backward or inference) into a callable
-    (AOTAutograd's boxed convention: it takes one list of inputs).
+    (AOTAutograd's boxed convention: it takes one list of inputs). `tag` names the entry on
+    the dashboard (default: the config's `tag`).
 
     Returns a `CompiledGraph` (swappable: the tuned build replaces the heuristic one between
     calls), a `PerShapeGraph` for graphs with symbolic sizes, or `gm` itself (eager).
     """
     config = config or kiln_config.current()
     resolver = _resolver(config)
+    tag = tag if tag is not None else config.tag
     degrade.count("graphs")
     if has_symbolic_sizes(gm, list(example_inputs)):
         degrade.warn_once("dynamic_shapes")
-        return PerShapeGraph(gm, functools.partial(_specialise, resolver=resolver, kind=kind))
-    return _compile_static(gm, list(example_inputs), resolver, kind)
+        return PerShapeGraph(gm, functools.partial(_specialise, resolver=resolver, kind=kind,
+                                                   tag=tag))
+    return _compile_static(gm, list(example_inputs), resolver, kind, tag)
 
 
 def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                    resolver: Resolver, kind: str) -> Callable[..., Any]:
-    entry = CompiledGraph(gm, kind=kind, device=_device_of(example_inputs))
+                    resolver: Resolver, kind: str, tag: str | None) -> Callable[..., Any]:
+    entry = CompiledGraph(gm, kind=kind, device=_device_of(example_inputs), tag=tag)
     with _lock:
         _compiled.add(entry)
     if resolver.config.background:
@@ -169,7 +196,7 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
 
 
 def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
-                resolver: Resolver, kind: str) -> Callable[..., Any]:
+                resolver: Resolver, kind: str, tag: str | None) -> Callable[..., Any]:
     """Trace a symbolic graph with concrete inputs into a static aten graph and compile it.
 
     Scalar (SymInt) inputs are baked in (they are part of the shape key), and so are scalar
@@ -203,7 +230,7 @@ def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
         degrade.warn_once("unsupported", f"specialising a dynamic graph: {exc}")
         degrade.count("eager")
         return gm
-    entry = _compile_static(static, tensors, resolver, kind)
+    entry = _compile_static(static, tensors, resolver, kind, tag)
     count = layout["count"]
 
     def run(*call_args: Any) -> tuple[Any, ...]:

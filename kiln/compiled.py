@@ -24,9 +24,10 @@ class CompiledGraph:
     """A graph's current implementation plus what kiln knows about it."""
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str = "inference",
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, tag: str | None = None) -> None:
         self.gm = gm
         self.kind = kind  # forward | backward | inference
+        self.tag = tag  # the entry's name on the dashboard, sent with the graph
         # Set by describe() once kiln has converted the graph:
         self.key: str | None = None
         self.graph: Any = None  # compiler.Graph

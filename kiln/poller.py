@@ -113,7 +113,7 @@ class Poller:
         try:
             if not w.submitted:
                 answer = r.client.submit(entry.wire, entry.target.to_json(), entry.key,
-                                         r.config.tag)
+                                         entry.tag)
                 w.submitted = True
             else:
                 answer = r.client.schedule(entry.key)

@@ -180,8 +180,7 @@ class Resolver:
             degrade.count(f"fallback:{self._down_cause}")
             return None
         try:
-            answer = client.submit(entry.wire, entry.target.to_json(), entry.key,
-                                   self.config.tag)
+            answer = client.submit(entry.wire, entry.target.to_json(), entry.key, entry.tag)
         except ServiceError as exc:
             self.failed(exc)
             return None

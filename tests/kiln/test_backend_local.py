@@ -155,6 +155,28 @@ def test_a_graph_the_service_failed_to_build_is_built_locally_and_not_polled(kil
     assert kiln.stats()["schedules_local"] == 2
 
 
+def test_each_graph_is_sent_with_its_model_class_and_role_unless_kiln_tag_is_set(
+        monkeypatch, kiln_warnings):
+    def failed(method, path, body):
+        key = compiler.tuning_key(compiler.from_wire(body["graph"]),
+                                  compiler.Target.from_json(body["target"]))
+        return json_reply(202, {"key": key, "status": "failed", "job_id": 3, "schedule": None})
+
+    def scaled_sine(x):
+        return torch.sin(x) * 3
+
+    with FakeServer(failed) as srv:
+        kiln.configure(url=srv.url)
+        train_mlp(steps=1)
+        torch.compile(scaled_sine, backend="kiln")(torch.randn(8))
+        torch._dynamo.reset()
+        monkeypatch.setenv("KILN_TAG", "nightly-llm")
+        train_mlp(steps=1)
+    tags = [body.get("tag") for method, _, body, _ in srv.requests if method == "POST"]
+    assert tags == ["SeedMLP forward", "SeedMLP backward", "scaled_sine inference",
+                    "nightly-llm", "nightly-llm"]
+
+
 def test_hash_mismatch_in_the_local_cache_is_a_miss(kiln_warnings, kiln_state):
     kiln.configure(url=None)
     want = train_mlp(steps=2, backend=None)
