@@ -31,6 +31,13 @@ _SM = re.compile(r"sm_(\d+)(\d)[a-z]?")
 DEVICE_TYPES = ("cuda", "cpu")
 
 
+def compute_capability(arch: str) -> tuple[int, int] | None:
+    """CUDA compute capability named by an `sm_XY` arch (`(9, 0)` for sm_90 and sm_90a); None
+    for anything else. The one parser of arch names: targets and the tuner's limits use it."""
+    match = _SM.fullmatch(arch)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def _torch_version() -> str:
     return ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
@@ -135,8 +142,14 @@ class Target:
     @property
     def cc(self) -> tuple[int, int] | None:
         """CUDA compute capability from `sm_XY` (`(9, 0)` for sm_90); None otherwise."""
-        match = _SM.fullmatch(self.arch)
-        return (int(match.group(1)), int(match.group(2))) if match else None
+        return compute_capability(self.arch)
+
+    @property
+    def cuda_arch(self) -> int | None:
+        """The compute capability as Triton's `GPUTarget` takes it (90 for sm_90); None when
+        the arch names none."""
+        cc = self.cc
+        return cc[0] * 10 + cc[1] if cc else None
 
 
 def tuning_key(graph: Graph | dict | str | bytes, target: Target) -> str:

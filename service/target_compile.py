@@ -149,11 +149,10 @@ def _compile(spec: Any, target: Any) -> Any:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    major, minor = target.cc
     try:
         return triton.compile(
             ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
-            target=GPUTarget("cuda", major * 10 + minor, 32), options=spec.options)
+            target=GPUTarget("cuda", target.cuda_arch, 32), options=spec.options)
     except Exception as exc:  # Triton's errors span many types; all mean "does not compile"
         raise TargetCompileError(
             f"kernel {spec.kernel} does not compile for {target.arch} "

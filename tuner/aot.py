@@ -124,13 +124,13 @@ def compile_for(spec: LaunchSpec, target: Any, limits: TargetLimits | None = Non
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    cc = getattr(target, "cc", None) or (9, 0)
+    arch = getattr(target, "cuda_arch", None) or 90
     limits = limits or limits_for(target)
     try:
         with interpreter_off():
             compiled = triton.compile(
                 ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
-                target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
+                target=GPUTarget("cuda", arch, 32),
                 options=spec.options,
             )
     except Exception as exc:  # a config Triton cannot lower is a recorded verdict

@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from compiler.keys import compute_capability
 from compiler.schedule import WARPS, next_pow2
 from tuner.records import Candidate
 
@@ -43,9 +44,7 @@ def limits_for(target: Any) -> TargetLimits:
     """Limits of a `compiler.Target` (or anything with `device_type` and `arch`)."""
     if getattr(target, "device_type", "cpu") != "cuda":
         return CPU_LIMITS
-    arch = str(getattr(target, "arch", "sm_80"))
-    digits = arch.removeprefix("sm_").rstrip("a")
-    cc = (int(digits[:-1]), int(digits[-1])) if digits.isdigit() and len(digits) >= 2 else (8, 0)
+    cc = compute_capability(str(getattr(target, "arch", "sm_80"))) or (8, 0)
     return TargetLimits(
         shared_memory=_SHARED_BY_CC.get(cc, 49152),
         registers_per_thread=255,

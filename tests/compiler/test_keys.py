@@ -149,6 +149,16 @@ def test_device_index_never_enters_the_target_or_key(monkeypatch: pytest.MonkeyP
     assert tuning_key(graph, t0) == tuning_key(graph, t3)
 
 
+def test_compute_capability_is_parsed_from_the_arch_name() -> None:
+    from compiler.keys import compute_capability
+
+    assert [compute_capability(a) for a in ("sm_90", "sm_90a", "sm_86", "sm_100", "sm_120a")] == [
+        (9, 0), (9, 0), (8, 6), (10, 0), (12, 0)]
+    assert [compute_capability(a) for a in ("cpu", "gfx90a", "sm_", "sm_9", "90")] == [None] * 5
+    assert (Target.named("sm_100a", name="B200").cuda_arch, Target.named("sm_86", name="A10").cuda_arch) == (100, 86)
+    assert Target.detect("cpu").cuda_arch is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_detect_on_a_real_gpu() -> None:

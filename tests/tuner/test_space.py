@@ -23,6 +23,8 @@ def test_shared_memory_limit_depends_on_the_arch() -> None:
     assert prune_reason("matmul", "triton", cfg, {}, "bfloat16", limits_for(H100)) is None
     reason = prune_reason("matmul", "triton", cfg, {}, "bfloat16", limits_for(A10))
     assert reason and "shared memory" in reason
+    h100a = type("T", (), {"device_type": "cuda", "arch": "sm_90a"})()
+    assert limits_for(h100a) == limits_for(H100)  # the arch-specific suffix names the same cc
 
 
 def test_every_kept_matmul_config_fits_and_every_dropped_one_says_why() -> None:
