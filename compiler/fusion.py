@@ -18,11 +18,12 @@ from torch import fx
 from torch.utils._pytree import tree_flatten
 
 from compiler import ops
-from compiler.codegen import NotFusible, Unsupported, exprs, generate_kernel
+from compiler.codegen import NotFusible, Unsupported, generate_kernel, rules, views
 from compiler.codegen import matmul as matmul_codegen
-from compiler.codegen.common import TL_DTYPES, Writer
+from compiler.codegen.common import TL_DTYPES
 from compiler.codegen.reduction import reduction_info
-from compiler.ir import Domain, ExternStep, KernelGroup, Step, TensorMeta, ViewStep, meta
+from compiler.codegen.writer import Writer
+from compiler.ir import Domain, ExternStep, KernelGroup, Step, TensorMeta, ViewStep, base_name, meta
 
 DEFAULT_VARIANT = {"pointwise": "pointwise", "reduction": "looped", "matmul": "triton"}
 
@@ -37,11 +38,11 @@ def _classify(node: fx.Node) -> str:
         return "input" if node.op == "placeholder" else "output"
     if node.op == "get_attr":
         return "const"
-    name = ops.base_name(node)
+    name = base_name(node)
     if name in ("split", "split_with_sizes", "unbind"):
         return "view"  # its getitems are slices of its input
     if node.target is operator.getitem:
-        return "view" if exprs.is_view(node) else "extern"
+        return "view" if views.is_view(node) else "extern"
     m = node.meta.get("kiln_meta")
     if not isinstance(m, TensorMeta) or name in ops.NEVER_LOWER or m.dtype not in TL_DTYPES:
         return "extern"
@@ -58,7 +59,8 @@ def _classify(node: fx.Node) -> str:
             return "reduction"
         if name in ops.VIEWS | ops.POINTWISE | ops.INDEXING:
             kind = "view" if name in ops.VIEWS else "index" if name in ops.INDEXING else "pointwise"
-            w = Writer(members=set(), is_buffer=lambda n: n is not node, int64=False)
+            w = Writer(members=set(), is_buffer=lambda n: n is not node, int64=False,
+                       evaluate=rules.evaluate)
             w.value(node, tuple(f"i{d}" for d in range(len(m.shape))), "mask")
             return kind
     except (Unsupported, NotFusible, KeyError, IndexError, TypeError, ValueError, AttributeError):

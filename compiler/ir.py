@@ -12,6 +12,7 @@ padding inside kernels are index arithmetic in code generation, never copies.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -176,6 +177,25 @@ def meta(node: fx.Node) -> TensorMeta:
     if value is None:
         raise ValueError(f"node {node.name} ({node.target}) has no tensor metadata")
     return value
+
+
+def op_name(node: fx.Node) -> str:
+    """`aten.add.Tensor` style name of a call_function node's target."""
+    target = node.target
+    if target is operator.getitem:
+        return "operator.getitem"
+    if isinstance(target, torch._ops.OpOverload):
+        ns = target.namespace
+        return f"{ns}.{target._opname}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def base_name(node: fx.Node) -> str:
+    """The op's name without namespace and overload: `add` for `aten.add.Tensor`."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._opname
+    return getattr(target, "__name__", str(target))
 
 
 def check_program(program: Program) -> None:

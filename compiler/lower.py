@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from compiler import ops
 from compiler.fusion import plan_steps
-from compiler.ir import Program, TensorMeta, check_program
+from compiler.ir import Program, TensorMeta, base_name, check_program, op_name
 from compiler.record import record
 from compiler.wire_schema import storage_extent
 
@@ -26,7 +26,7 @@ FOLD_NUMEL = 4096  # constant subgraphs up to this many elements are evaluated a
 def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object]) -> Program:
     """Lower an aten graph (placeholders described by `example_meta`) to a `Program`."""
     gm = _private_copy(gm)
-    original_ops = {n.name: ops.op_name(n) for n in gm.graph.nodes if n.op == "call_function"}
+    original_ops = {n.name: op_name(n) for n in gm.graph.nodes if n.op == "call_function"}
     origins = {n.name: n.name for n in gm.graph.nodes}
     metas = [TensorMeta.of(m) if m is not None else None for m in example_meta]
     propagate_meta(gm, metas)                  # 1. dtype/shape/stride of every value
@@ -81,7 +81,7 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None]) -> N
             try:
                 values[node] = node.target(*args, **kwargs)
             except Exception as exc:  # an op the meta device cannot run: no metadata
-                raise ValueError(f"node {node.name} ({ops.op_name(node)}): cannot infer its "
+                raise ValueError(f"node {node.name} ({op_name(node)}): cannot infer its "
                                  f"shape ({type(exc).__name__}: {exc})") from exc
         elif node.op == "output":
             continue
@@ -154,7 +154,7 @@ _KILN_DECOMPS: dict[object, Callable] = {
 
 
 def _lowered_natively(node: fx.Node) -> bool:
-    name = ops.base_name(node)
+    name = base_name(node)
     if name in ("var", "std", "var_mean", "logsumexp"):
         return False
     if name in ("max", "min") and node.target in _KILN_DECOMPS:
@@ -173,7 +173,7 @@ def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in table:
                 continue
-            if _lowered_natively(node) or ops.base_name(node) in ops.NEVER_LOWER:
+            if _lowered_natively(node) or base_name(node) in ops.NEVER_LOWER:
                 continue
             changed |= _splice_decomposition(gm, node, table, origins)
         if not changed:
@@ -252,7 +252,7 @@ def simplify_identities(gm: fx.GraphModule) -> None:
             continue
         if (m.dtype, m.shape, m.stride) != (s.dtype, s.shape, s.stride):
             continue
-        name = ops.base_name(node)
+        name = base_name(node)
         same = name in _IDENTITY_OPS and _only_layout_kwargs(node)
         if name in ("mul", "div") and len(node.args) == 2 and node.args[1] == 1 and not node.kwargs:
             same = True
@@ -280,7 +280,7 @@ def fold_constants(gm: fx.GraphModule) -> None:
             if isinstance(value, torch.Tensor):
                 consts[node] = value
             continue
-        if node.op != "call_function" or ops.base_name(node) in ops.NEVER_LOWER:
+        if node.op != "call_function" or base_name(node) in ops.NEVER_LOWER:
             continue
         tensor_args = [a for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node)]
         m = node.meta.get("kiln_meta")

@@ -21,9 +21,8 @@ from compiler.codegen import NotFusible, Unsupported, generate_kernel
 from compiler.execution import Args, AtenMatmul, Call, Const, KernelCall, Launch, is_interpreted
 from compiler.frontend import lower_graph
 from compiler.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
-from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta
+from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
 from compiler.kernel_files import import_kernel, source_hash
-from compiler.ops import op_name
 from compiler.schedule import Schedule, ScheduleMismatch, validate_config
 
 _MODULES: dict[str, ModuleType] = {}

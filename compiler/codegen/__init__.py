@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 from torch import fx
 
-from compiler.codegen import matmul, pointwise, reduction
-from compiler.codegen.common import Generated, NotFusible, Unsupported, Writer, index_bits
+from compiler.codegen import matmul, pointwise, reduction, rules
+from compiler.codegen.common import NotFusible, Unsupported
+from compiler.codegen.writer import Generated, Writer, index_bits
 from compiler.ir import KernelGroup, TensorMeta, meta
 
 __all__ = ["Generated", "NotFusible", "Unsupported", "generate_kernel"]
@@ -26,7 +27,7 @@ def generate_kernel(group: KernelGroup, variant: str, is_buffer: Callable[[fx.No
             def buffer(n: fx.Node, _mm: fx.Node = mm) -> bool:
                 return n is _mm or is_buffer(n)
 
-        w = Writer(members=members, is_buffer=buffer, int64=int64)
+        w = Writer(members=members, is_buffer=buffer, int64=int64, evaluate=rules.evaluate)
         if group.kind == "pointwise":
             gen = pointwise.generate(group, w, comment)
         elif group.kind == "reduction":

@@ -1,6 +1,15 @@
-"""Triton expressions for pointwise ops, views and index ops (see `evaluate`)."""
+"""Pointwise ops as Triton expressions: one output element from the same element of each
+(broadcast) input, and generators (full, arange, ...) that read no input element.
+
+`POINTWISE` maps an aten op to its rule: (writer, node, index, mask) -> the Triton
+expression of the node's value at that index. Most rules are written over a `Call`, the
+node with its operands already loaded at the index (`elementwise`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import fx
@@ -9,16 +18,17 @@ from compiler.codegen.common import (
     Index,
     Unsupported,
     Var,
-    Writer,
     cast,
     compute_dtype,
+    linear_expr,
     literal,
     paren,
     tl_dtype,
 )
-from compiler.codegen.indexing import INDEX_OPS, index_op, is_view, linear_expr, view_source
-from compiler.ir import meta
-from compiler.ops import base_name
+from compiler.codegen.writer import Writer
+from compiler.ir import base_name, meta
+
+PointwiseRule = Callable[[Writer, fx.Node, Index, str], str]
 
 # ---- operands and casts --------------------------------------------------------------------
 
@@ -78,14 +88,6 @@ ROUND_HELPER = ("@triton.jit\ndef _kiln_round(x):\n"
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
-_COPIES = frozenset({"_to_copy", "convert_element_type", "clone", "alias", "detach", "positive",
-                     "lift_fresh_copy", "_conj", "resolve_conj", "resolve_neg"})
-_GENERATORS = frozenset({"full", "full_like", "scalar_tensor", "zeros", "ones", "zeros_like",
-                         "ones_like", "empty_like", "empty", "new_zeros", "new_ones", "new_full",
-                         "new_empty", "fill", "empty_strided", "empty_permuted", "arange", "iota",
-                         "new_empty_strided"})
-
-
 def _trunc_div(a: str, b: str) -> str:
     return (f"tl.where((({a} - ({a} // {b}) * {b}) != 0) & ((({a} - ({a} // {b}) * {b}) < 0) "
             f"!= ({a} < 0)), {a} // {b} + 1, {a} // {b})")
@@ -139,265 +141,408 @@ def _pow(a: Var, e: object, cd: torch.dtype) -> str:
     raise Unsupported(f"pow with exponent {e!r} on {cd}")
 
 
-def _pointwise(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
-    name = base_name(node)
-    out = meta(node).dtype
-    cd = compute_dtype(out)
-    args = [w.operand(a, node, idx, mask) for a in node.args]
-    kw = node.kwargs
-    ops = [a for a in args if isinstance(a, (Var, bool, int, float))]
-
-    def c(i: int, dtype: torch.dtype = cd) -> str:
-        return cast(args[i], dtype)
-
-    if name in _COPIES:
-        src = args[0]
-        if not isinstance(src, Var):
-            raise Unsupported(f"{name} of a non-tensor")
-        if src.dtype.is_complex or out.is_complex:
-            raise Unsupported("complex")
-        return _round_to(cast(src, cd), out)
-    if name == "copy":
-        return _round_to(c(1), out)
-    if name in _UNARY_FLOAT:
-        if not cd.is_floating_point:
-            raise Unsupported(f"{name} producing {out}")
-        if name == "tanh":
-            w.helpers.add(TANH_HELPER)
-        return _UNARY_FLOAT[name].format(c(0))
-    if name in _ROUNDING:
-        if "decimals" in kw or len(args) > 1:
-            raise Unsupported("round with decimals")
-        if name == "round":
-            w.helpers.add(ROUND_HELPER)
-        return _ROUNDING[name].format(c(0)) if cd.is_floating_point else c(0)
-    if name == "frac":
-        return f"{c(0)} - {_ROUNDING['trunc'].format(c(0))}"
-    if name in ("add", "sub", "rsub"):
-        alpha = kw.get("alpha", 1)
-        a, b = (c(1), c(0)) if name == "rsub" else (c(0), c(1))
-        if alpha != 1:
-            b = f"{b} * {literal(alpha, cd)}"
-        if cd == torch.bool:
-            return f"{a} | {b}"
-        return f"{a} - {paren(b)}" if name in ("sub", "rsub") else f"{a} + {b}"
-    if name == "mul":
-        return f"{c(0)} & {c(1)}" if cd == torch.bool else f"{c(0)} * {c(1)}"
-    if name == "div":
-        mode = kw.get("rounding_mode")
-        if mode is None:
-            return f"{c(0)} / {paren(c(1))}"
-        common = promote(ops)
-        a, b = cast(args[0], common), cast(args[1], common)
-        if common.is_floating_point:
-            q = w.tmp(f"{a} / {paren(b)}")
-            return f"tl.floor({q})" if mode == "floor" else _ROUNDING["trunc"].format(q)
-        return (_floor_div if mode == "floor" else _trunc_div)(a, b)
-    if name == "floor_divide":
-        if cd.is_floating_point:
-            return f"tl.floor({c(0)} / {paren(c(1))})"
-        return _floor_div(c(0), c(1))
-    if name == "remainder":
-        a, b = c(0), c(1)
-        if cd.is_floating_point:
-            return f"{a} - tl.floor({a} / {paren(b)}) * {paren(b)}"
-        return f"{a} - ({_floor_div(a, b)}) * {paren(b)}"
-    if name == "fmod":
-        a, b = c(0), c(1)
-        if cd.is_floating_point:
-            q = w.tmp(f"{a} / {paren(b)}")
-            return f"{a} - {paren(_ROUNDING['trunc'].format(q))} * {paren(b)}"
-        return f"{a} - ({_trunc_div(a, b)}) * {paren(b)}"
-    if name == "pow":
-        if isinstance(args[0], Var):
-            return _pow(args[0], args[1], cd)
-        base = args[0]
-        if isinstance(base, (int, float)) and cd.is_floating_point:
-            if base == 2:
-                return f"tl.exp2({c(1)})"
-            return _float_pow(literal(base, cd), c(1))
-        raise Unsupported("pow")
-    if name in ("maximum", "minimum", "fmax", "fmin"):
-        return _max_min(name, c(0), c(1), cd)
-    if name in ("clamp", "clamp_min", "clamp_max", "hardtanh"):
-        x = c(0)
-        if name == "hardtanh":
-            lo, hi = (args[1] if len(args) > 1 else kw.get("min_val", -1.0),
-                      args[2] if len(args) > 2 else kw.get("max_val", 1.0))
-        elif name == "clamp":
-            lo = args[1] if len(args) > 1 else kw.get("min")
-            hi = args[2] if len(args) > 2 else kw.get("max")
-        elif name == "clamp_min":
-            lo, hi = args[1], None
-        else:
-            lo, hi = None, args[1]
-        if lo is not None:
-            x = w.tmp(f"tl.where({x} < {cast(lo, cd)}, {cast(lo, cd)}, {x})")
-        if hi is not None:
-            x = f"tl.where({x} > {cast(hi, cd)}, {cast(hi, cd)}, {x})"
-        return x
-    if name in ("abs",):
-        return f"tl.abs({c(0)})" if cd != torch.bool else c(0)
-    if name == "neg":
-        return f"-{paren(c(0))}"
-    if name in ("sign", "sgn"):
-        x = c(0)
-        zero = f"{x} * 0" if cd.is_floating_point else literal(0, cd)
-        return f"tl.where({x} > 0, {literal(1, cd)}, tl.where({x} < 0, {literal(-1, cd)}, {zero}))"
-    if name == "square":
-        return f"{c(0)} * {c(0)}"
-    if name == "lerp":
-        return f"{c(0)} + {c(2)} * ({c(1)} - {c(0)})"
-    if name in ("addcmul", "addcdiv"):
-        value = kw.get("value", 1)
-        op = "*" if name == "addcmul" else "/"
-        return f"{c(0)} + {literal(value, cd)} * {c(1)} {op} {paren(c(2))}"
-    if name == "relu":
-        return f"tl.where({c(0)} < 0, {literal(0, cd)}, {c(0)})"
-    if name == "gelu":
-        x = c(0)
-        if kw.get("approximate", "none") == "tanh":
-            inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
-            w.helpers.add(TANH_HELPER)
-            return f"0.5 * {x} * (1.0 + _kiln_tanh({inner}))"
-        return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
-    if name == "gelu_backward":
-        if kw.get("approximate", "none") != "none":
-            raise Unsupported("tanh gelu_backward")
-        g, x = c(0), c(1)
-        cdf = f"0.5 * (1.0 + tl.erf({x} * 0.7071067811865476))"
-        pdf = f"tl.exp(-0.5 * {x} * {x}) * 0.3989422804014327"
-        return f"{g} * ({cdf} + {x} * {pdf})"
-    if name == "silu":
-        return f"{c(0)} * tl.sigmoid({c(0)})"
-    if name == "silu_backward":
-        g, x = c(0), c(1)
-        s = w.tmp(f"tl.sigmoid({x})")
-        return f"{g} * {s} * (1.0 + {x} * (1.0 - {s}))"
-    if name == "leaky_relu":
-        slope = args[1] if len(args) > 1 else kw.get("negative_slope", 0.01)
-        return f"tl.where({c(0)} > 0, {c(0)}, {c(0)} * {literal(slope, cd)})"
-    if name == "elu":
-        alpha, scale, iscale = (list(args[1:]) + [1.0, 1.0, 1.0])[:3]
-        x = c(0)
-        return (f"tl.where({x} > 0, {x} * {literal(scale, cd)}, {literal(alpha * scale, cd)} * "
-                f"(tl.exp({x} * {literal(iscale, cd)}) - 1.0))")
-    if name == "softplus":
-        beta, threshold = (list(args[1:]) + [1.0, 20.0])[:2]
-        x = c(0)
-        return (f"tl.where({x} * {literal(beta, cd)} > {literal(threshold, cd)}, {x}, "
-                f"tl.log(1.0 + tl.exp({x} * {literal(beta, cd)})) / {literal(beta, cd)})")
-    if name == "mish":
-        x = c(0)
-        w.helpers.add(TANH_HELPER)
-        return f"{x} * _kiln_tanh(tl.where({x} > 20.0, {x}, tl.log(1.0 + tl.exp({x}))))"
-    if name == "hardsigmoid":
-        x = c(0)
-        return f"tl.minimum(tl.maximum({x} / 6.0 + 0.5, 0.0), 1.0)"
-    if name == "hardswish":
-        x = c(0)
-        return f"{x} * tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) / 6.0"
-    if name == "sigmoid_backward":
-        return f"{c(0)} * {c(1)} * (1.0 - {c(1)})"
-    if name == "tanh_backward":
-        return f"{c(0)} * (1.0 - {c(1)} * {c(1)})"
-    if name == "threshold_backward":
-        common = promote([args[1], args[2]])
-        return f"tl.where({cast(args[1], common)} <= {cast(args[2], common)}, {literal(0, cd)}, {c(0)})"
-    if name == "threshold":
-        return f"tl.where({c(0)} <= {c(1)}, {c(2)}, {c(0)})"
-    if name in _COMPARE:
-        common = compute_dtype(promote(ops))
-        return f"{cast(args[0], common)} {_COMPARE[name]} {cast(args[1], common)}"
-    if name in _LOGICAL:
-        return f"{c(0, torch.bool)} {_LOGICAL[name]} {c(1, torch.bool)}"
-    if name == "logical_not":
-        return f"{c(0, torch.bool)} == 0"
-    if name in _BITWISE:
-        if cd.is_floating_point:
-            raise Unsupported("bitwise op on floats")
-        return f"{c(0)} {_BITWISE[name]} {c(1)}"
-    if name == "bitwise_not":
-        return f"{c(0)} == 0" if cd == torch.bool else f"~{paren(c(0))}"
-    if name in ("isnan", "isinf", "isfinite", "isneginf", "isposinf", "signbit"):
-        src = args[0]
-        if not isinstance(src, Var) or not src.dtype.is_floating_point:
-            value = "1" if name == "isfinite" else "0"
-            if name == "signbit" and isinstance(src, Var):
-                return f"{src.name} < 0"
-            return f"tl.full([], {value}, tl.int1)"
-        x = src.name
-        return {
-            "isnan": f"{x} != {x}",
-            "isinf": f"tl.abs({x}) == float(\"inf\")",
-            "isfinite": f"tl.abs({x}) < float(\"inf\")",
-            "isneginf": f"{x} == float(\"-inf\")",
-            "isposinf": f"{x} == float(\"inf\")",
-            "signbit": f"({x} < 0) | (({x} == 0) & (1.0 / {x} < 0))",
-        }[name]
-    if name == "nan_to_num":
-        if not cd.is_floating_point:
-            return c(0)
-        info = torch.finfo(out)
-        nan = args[1] if len(args) > 1 and args[1] is not None else kw.get("nan", 0.0)
-        posinf = args[2] if len(args) > 2 and args[2] is not None else kw.get("posinf") or info.max
-        neginf = args[3] if len(args) > 3 and args[3] is not None else kw.get("neginf") or info.min
-        x = c(0)
-        return (f"tl.where({x} != {x}, {literal(nan or 0.0, cd)}, tl.where({x} == float(\"inf\"), "
-                f"{literal(posinf, cd)}, tl.where({x} == float(\"-inf\"), {literal(neginf, cd)}, {x})))")
-    if name == "where":
-        return f"tl.where({c(0, torch.bool)}, {c(1)}, {c(2)})"
-    if name == "masked_fill":
-        return f"tl.where({c(1, torch.bool)}, {c(2)}, {c(0)})"
-    raise Unsupported(f"no Triton lowering for {name}")
+# ---- elementwise rules: the node's operands are loaded first ------------------------------
 
 
-def _generator(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
-    name = base_name(node)
+class Call:
+    """A pointwise node at one index: its arguments (tensors loaded as `Var`s, scalars as
+    they are), its output dtype and compute dtype."""
+
+    def __init__(self, w: Writer, node: fx.Node, args: list[object]) -> None:
+        self.w, self.node, self.args, self.kw = w, node, args, node.kwargs
+        self.out = meta(node).dtype
+        self.cd = compute_dtype(self.out)
+
+    @property
+    def name(self) -> str:
+        return base_name(self.node)
+
+    @property
+    def operands(self) -> list[object]:
+        """Tensor and number arguments: what type promotion sees."""
+        return [a for a in self.args if isinstance(a, (Var, bool, int, float))]
+
+    def c(self, i: int, dtype: torch.dtype | None = None) -> str:
+        """Argument i cast to `dtype` (default: the compute dtype)."""
+        return cast(self.args[i], self.cd if dtype is None else dtype)
+
+
+def elementwise(rule: Callable[[Call], str]) -> PointwiseRule:
+    """A rule over a `Call`: every argument is loaded at the index, in order, first."""
+    def emit(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+        return rule(Call(w, node, [w.operand(a, node, idx, mask) for a in node.args]))
+    return emit
+
+
+def _copy_of(p: Call) -> str:
+    src = p.args[0]
+    if not isinstance(src, Var):
+        raise Unsupported(f"{p.name} of a non-tensor")
+    if src.dtype.is_complex or p.out.is_complex:
+        raise Unsupported("complex")
+    return _round_to(cast(src, p.cd), p.out)
+
+
+def _copy(p: Call) -> str:
+    return _round_to(p.c(1), p.out)
+
+
+def _unary_float(template: str, p: Call) -> str:
+    if not p.cd.is_floating_point:
+        raise Unsupported(f"{p.name} producing {p.out}")
+    if "_kiln_tanh" in template:
+        p.w.helpers.add(TANH_HELPER)
+    return template.format(p.c(0))
+
+
+def _rounding(template: str, p: Call) -> str:
+    if "decimals" in p.kw or len(p.args) > 1:
+        raise Unsupported("round with decimals")
+    if "_kiln_round" in template:
+        p.w.helpers.add(ROUND_HELPER)
+    return template.format(p.c(0)) if p.cd.is_floating_point else p.c(0)
+
+
+def _frac(p: Call) -> str:
+    return f"{p.c(0)} - {_ROUNDING['trunc'].format(p.c(0))}"
+
+
+def _add_sub(p: Call) -> str:
+    alpha = p.kw.get("alpha", 1)
+    a, b = (p.c(1), p.c(0)) if p.name == "rsub" else (p.c(0), p.c(1))
+    if alpha != 1:
+        b = f"{b} * {literal(alpha, p.cd)}"
+    if p.cd == torch.bool:
+        return f"{a} | {b}"
+    return f"{a} - {paren(b)}" if p.name in ("sub", "rsub") else f"{a} + {b}"
+
+
+def _mul(p: Call) -> str:
+    return f"{p.c(0)} & {p.c(1)}" if p.cd == torch.bool else f"{p.c(0)} * {p.c(1)}"
+
+
+def _div(p: Call) -> str:
+    mode = p.kw.get("rounding_mode")
+    if mode is None:
+        return f"{p.c(0)} / {paren(p.c(1))}"
+    common = promote(p.operands)
+    a, b = cast(p.args[0], common), cast(p.args[1], common)
+    if common.is_floating_point:
+        q = p.w.tmp(f"{a} / {paren(b)}")
+        return f"tl.floor({q})" if mode == "floor" else _ROUNDING["trunc"].format(q)
+    return (_floor_div if mode == "floor" else _trunc_div)(a, b)
+
+
+def _floor_divide(p: Call) -> str:
+    if p.cd.is_floating_point:
+        return f"tl.floor({p.c(0)} / {paren(p.c(1))})"
+    return _floor_div(p.c(0), p.c(1))
+
+
+def _remainder(p: Call) -> str:
+    a, b = p.c(0), p.c(1)
+    if p.cd.is_floating_point:
+        return f"{a} - tl.floor({a} / {paren(b)}) * {paren(b)}"
+    return f"{a} - ({_floor_div(a, b)}) * {paren(b)}"
+
+
+def _fmod(p: Call) -> str:
+    a, b = p.c(0), p.c(1)
+    if p.cd.is_floating_point:
+        q = p.w.tmp(f"{a} / {paren(b)}")
+        return f"{a} - {paren(_ROUNDING['trunc'].format(q))} * {paren(b)}"
+    return f"{a} - ({_trunc_div(a, b)}) * {paren(b)}"
+
+
+def _pow_rule(p: Call) -> str:
+    if isinstance(p.args[0], Var):
+        return _pow(p.args[0], p.args[1], p.cd)
+    base = p.args[0]
+    if isinstance(base, (int, float)) and p.cd.is_floating_point:
+        if base == 2:
+            return f"tl.exp2({p.c(1)})"
+        return _float_pow(literal(base, p.cd), p.c(1))
+    raise Unsupported("pow")
+
+
+def _max_min_rule(p: Call) -> str:
+    return _max_min(p.name, p.c(0), p.c(1), p.cd)
+
+
+def _clamp(p: Call) -> str:
+    args, kw, cd = p.args, p.kw, p.cd
+    x = p.c(0)
+    if p.name == "hardtanh":
+        lo, hi = (args[1] if len(args) > 1 else kw.get("min_val", -1.0),
+                  args[2] if len(args) > 2 else kw.get("max_val", 1.0))
+    elif p.name == "clamp":
+        lo = args[1] if len(args) > 1 else kw.get("min")
+        hi = args[2] if len(args) > 2 else kw.get("max")
+    elif p.name == "clamp_min":
+        lo, hi = args[1], None
+    else:
+        lo, hi = None, args[1]
+    if lo is not None:
+        x = p.w.tmp(f"tl.where({x} < {cast(lo, cd)}, {cast(lo, cd)}, {x})")
+    if hi is not None:
+        x = f"tl.where({x} > {cast(hi, cd)}, {cast(hi, cd)}, {x})"
+    return x
+
+
+def _abs(p: Call) -> str:
+    return f"tl.abs({p.c(0)})" if p.cd != torch.bool else p.c(0)
+
+
+def _neg(p: Call) -> str:
+    return f"-{paren(p.c(0))}"
+
+
+def _sign(p: Call) -> str:
+    x, cd = p.c(0), p.cd
+    zero = f"{x} * 0" if cd.is_floating_point else literal(0, cd)
+    return f"tl.where({x} > 0, {literal(1, cd)}, tl.where({x} < 0, {literal(-1, cd)}, {zero}))"
+
+
+def _square(p: Call) -> str:
+    return f"{p.c(0)} * {p.c(0)}"
+
+
+def _lerp(p: Call) -> str:
+    return f"{p.c(0)} + {p.c(2)} * ({p.c(1)} - {p.c(0)})"
+
+
+def _addc(p: Call) -> str:
+    value = p.kw.get("value", 1)
+    op = "*" if p.name == "addcmul" else "/"
+    return f"{p.c(0)} + {literal(value, p.cd)} * {p.c(1)} {op} {paren(p.c(2))}"
+
+
+def _relu(p: Call) -> str:
+    return f"tl.where({p.c(0)} < 0, {literal(0, p.cd)}, {p.c(0)})"
+
+
+def _gelu(p: Call) -> str:
+    x = p.c(0)
+    if p.kw.get("approximate", "none") == "tanh":
+        inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
+        p.w.helpers.add(TANH_HELPER)
+        return f"0.5 * {x} * (1.0 + _kiln_tanh({inner}))"
+    return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
+
+
+def _gelu_backward(p: Call) -> str:
+    if p.kw.get("approximate", "none") != "none":
+        raise Unsupported("tanh gelu_backward")
+    g, x = p.c(0), p.c(1)
+    cdf = f"0.5 * (1.0 + tl.erf({x} * 0.7071067811865476))"
+    pdf = f"tl.exp(-0.5 * {x} * {x}) * 0.3989422804014327"
+    return f"{g} * ({cdf} + {x} * {pdf})"
+
+
+def _silu(p: Call) -> str:
+    return f"{p.c(0)} * tl.sigmoid({p.c(0)})"
+
+
+def _silu_backward(p: Call) -> str:
+    g, x = p.c(0), p.c(1)
+    s = p.w.tmp(f"tl.sigmoid({x})")
+    return f"{g} * {s} * (1.0 + {x} * (1.0 - {s}))"
+
+
+def _leaky_relu(p: Call) -> str:
+    slope = p.args[1] if len(p.args) > 1 else p.kw.get("negative_slope", 0.01)
+    return f"tl.where({p.c(0)} > 0, {p.c(0)}, {p.c(0)} * {literal(slope, p.cd)})"
+
+
+def _elu(p: Call) -> str:
+    alpha, scale, iscale = (list(p.args[1:]) + [1.0, 1.0, 1.0])[:3]
+    x, cd = p.c(0), p.cd
+    return (f"tl.where({x} > 0, {x} * {literal(scale, cd)}, {literal(alpha * scale, cd)} * "
+            f"(tl.exp({x} * {literal(iscale, cd)}) - 1.0))")
+
+
+def _softplus(p: Call) -> str:
+    beta, threshold = (list(p.args[1:]) + [1.0, 20.0])[:2]
+    x, cd = p.c(0), p.cd
+    return (f"tl.where({x} * {literal(beta, cd)} > {literal(threshold, cd)}, {x}, "
+            f"tl.log(1.0 + tl.exp({x} * {literal(beta, cd)})) / {literal(beta, cd)})")
+
+
+def _mish(p: Call) -> str:
+    x = p.c(0)
+    p.w.helpers.add(TANH_HELPER)
+    return f"{x} * _kiln_tanh(tl.where({x} > 20.0, {x}, tl.log(1.0 + tl.exp({x}))))"
+
+
+def _hardsigmoid(p: Call) -> str:
+    return f"tl.minimum(tl.maximum({p.c(0)} / 6.0 + 0.5, 0.0), 1.0)"
+
+
+def _hardswish(p: Call) -> str:
+    x = p.c(0)
+    return f"{x} * tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) / 6.0"
+
+
+def _sigmoid_backward(p: Call) -> str:
+    return f"{p.c(0)} * {p.c(1)} * (1.0 - {p.c(1)})"
+
+
+def _tanh_backward(p: Call) -> str:
+    return f"{p.c(0)} * (1.0 - {p.c(1)} * {p.c(1)})"
+
+
+def _threshold_backward(p: Call) -> str:
+    common = promote([p.args[1], p.args[2]])
+    return (f"tl.where({cast(p.args[1], common)} <= {cast(p.args[2], common)}, "
+            f"{literal(0, p.cd)}, {p.c(0)})")
+
+
+def _threshold(p: Call) -> str:
+    return f"tl.where({p.c(0)} <= {p.c(1)}, {p.c(2)}, {p.c(0)})"
+
+
+def _compare(op: str, p: Call) -> str:
+    common = compute_dtype(promote(p.operands))
+    return f"{cast(p.args[0], common)} {op} {cast(p.args[1], common)}"
+
+
+def _logical(op: str, p: Call) -> str:
+    return f"{p.c(0, torch.bool)} {op} {p.c(1, torch.bool)}"
+
+
+def _logical_not(p: Call) -> str:
+    return f"{p.c(0, torch.bool)} == 0"
+
+
+def _bitwise(op: str, p: Call) -> str:
+    if p.cd.is_floating_point:
+        raise Unsupported("bitwise op on floats")
+    return f"{p.c(0)} {op} {p.c(1)}"
+
+
+def _bitwise_not(p: Call) -> str:
+    return f"{p.c(0)} == 0" if p.cd == torch.bool else f"~{paren(p.c(0))}"
+
+
+_FLOAT_CLASSES = {
+    "isnan": "{0} != {0}",
+    "isinf": "tl.abs({0}) == float(\"inf\")",
+    "isfinite": "tl.abs({0}) < float(\"inf\")",
+    "isneginf": "{0} == float(\"-inf\")",
+    "isposinf": "{0} == float(\"inf\")",
+    "signbit": "({0} < 0) | (({0} == 0) & (1.0 / {0} < 0))",
+}
+
+
+def _float_class(p: Call) -> str:
+    src = p.args[0]
+    if not isinstance(src, Var) or not src.dtype.is_floating_point:
+        value = "1" if p.name == "isfinite" else "0"
+        if p.name == "signbit" and isinstance(src, Var):
+            return f"{src.name} < 0"
+        return f"tl.full([], {value}, tl.int1)"
+    return _FLOAT_CLASSES[p.name].format(src.name)
+
+
+def _nan_to_num(p: Call) -> str:
+    args, kw, cd = p.args, p.kw, p.cd
+    if not cd.is_floating_point:
+        return p.c(0)
+    info = torch.finfo(p.out)
+    nan = args[1] if len(args) > 1 and args[1] is not None else kw.get("nan", 0.0)
+    posinf = args[2] if len(args) > 2 and args[2] is not None else kw.get("posinf") or info.max
+    neginf = args[3] if len(args) > 3 and args[3] is not None else kw.get("neginf") or info.min
+    x = p.c(0)
+    return (f"tl.where({x} != {x}, {literal(nan or 0.0, cd)}, tl.where({x} == float(\"inf\"), "
+            f"{literal(posinf, cd)}, tl.where({x} == float(\"-inf\"), {literal(neginf, cd)}, {x})))")
+
+
+def _where(p: Call) -> str:
+    return f"tl.where({p.c(0, torch.bool)}, {p.c(1)}, {p.c(2)})"
+
+
+def _masked_fill(p: Call) -> str:
+    return f"tl.where({p.c(1, torch.bool)}, {p.c(2)}, {p.c(0)})"
+
+
+# ---- generators: a value from the index alone ---------------------------------------------
+
+
+def _arange(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
     cd = compute_dtype(meta(node).dtype)
     args, kw = node.args, node.kwargs
-    if name in ("arange", "iota"):
-        if name == "iota":
-            start, step = kw.get("start", args[1] if len(args) > 1 else 0), kw.get("step", 1)
-        elif len(args) == 1:
-            start, step = 0, 1
-        else:
-            start, step = args[0], (args[2] if len(args) > 2 else kw.get("step", 1))
-        pos = idx[0]
-        expr = linear_expr(pos, step, start)
-        return f"tl.full([], 0, {tl_dtype(cd)}) + ({expr})" if pos == "0" else f"({expr}).to({tl_dtype(cd)})"
-    if name in ("fill",) and isinstance(args[1], fx.Node):
-        v = w.value(args[1], (), mask)
-        return cast(Var(v, compute_dtype(meta(args[1]).dtype)), cd)
-    if name in ("full", "new_full"):
-        value = args[1] if name == "full" else args[2]
-    elif name in ("full_like", "fill"):
-        value = args[1]
-    elif name == "scalar_tensor":
-        value = args[0]
-    elif name in ("ones", "ones_like", "new_ones"):
-        value = 1
+    if base_name(node) == "iota":
+        start, step = kw.get("start", args[1] if len(args) > 1 else 0), kw.get("step", 1)
+    elif len(args) == 1:
+        start, step = 0, 1
     else:
-        value = 0
+        start, step = args[0], (args[2] if len(args) > 2 else kw.get("step", 1))
+    pos = idx[0]
+    expr = linear_expr(pos, step, start)
+    return f"tl.full([], 0, {tl_dtype(cd)}) + ({expr})" if pos == "0" else f"({expr}).to({tl_dtype(cd)})"
+
+
+def _fill_value(node: fx.Node) -> object:
+    """The constant a `full`-like generator fills with."""
+    name, args = base_name(node), node.args
+    if name in ("full", "new_full"):
+        return args[1] if name == "full" else args[2]
+    if name in ("full_like", "fill"):
+        return args[1]
+    if name == "scalar_tensor":
+        return args[0]
+    return 1 if name in ("ones", "ones_like", "new_ones") else 0
+
+
+def _full(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+    cd = compute_dtype(meta(node).dtype)
+    if base_name(node) == "fill" and isinstance(node.args[1], fx.Node):
+        v = w.value(node.args[1], (), mask)
+        return cast(Var(v, compute_dtype(meta(node.args[1]).dtype)), cd)
+    value = _fill_value(node)
     if isinstance(value, fx.Node):
-        raise Unsupported(f"{name} with a tensor value")
+        raise Unsupported(f"{base_name(node)} with a tensor value")
     return f"tl.full([], {literal(value, cd)}, {tl_dtype(cd)})"
 
 
-def evaluate(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
-    """Emit the computation of `node` at `idx`; returns the variable holding it."""
-    if node.op != "call_function":
-        raise Unsupported(f"{node.name} is not computed in kernels")
-    out = meta(node)
-    if out.dtype.is_complex:
-        raise Unsupported("complex values")
-    tl_dtype(out.dtype)
-    name = base_name(node)
-    if is_view(node):
-        src, sidx = view_source(node, idx)
-        return w.value(src, sidx, mask)
-    if name in INDEX_OPS:
-        return w.tmp(index_op(w, node, idx, mask))
-    if name in _GENERATORS:
-        return w.tmp(_generator(w, node, idx, mask))
-    return w.tmp(_pointwise(w, node, idx, mask))
+_ELEMENTWISE: dict[str, Callable[[Call], str]] = {
+    # copies and casts
+    **dict.fromkeys(("_to_copy", "convert_element_type", "clone", "detach", "positive",
+                     "lift_fresh_copy", "_conj", "resolve_conj", "resolve_neg"), _copy_of),
+    "copy": _copy,
+    # arithmetic
+    "add": _add_sub, "sub": _add_sub, "rsub": _add_sub, "mul": _mul, "div": _div,
+    "floor_divide": _floor_divide, "remainder": _remainder, "fmod": _fmod, "pow": _pow_rule,
+    **dict.fromkeys(("maximum", "minimum", "fmax", "fmin"), _max_min_rule),
+    **dict.fromkeys(("clamp", "clamp_min", "clamp_max", "hardtanh"), _clamp),
+    "abs": _abs, "neg": _neg, "sign": _sign, "sgn": _sign, "square": _square, "lerp": _lerp,
+    "addcmul": _addc, "addcdiv": _addc,
+    # transcendental and rounding
+    **{name: partial(_unary_float, t) for name, t in _UNARY_FLOAT.items()},
+    **{name: partial(_rounding, t) for name, t in _ROUNDING.items()},
+    "frac": _frac,
+    # activations and their gradients
+    "relu": _relu, "gelu": _gelu, "gelu_backward": _gelu_backward, "silu": _silu,
+    "silu_backward": _silu_backward, "leaky_relu": _leaky_relu, "elu": _elu,
+    "softplus": _softplus, "mish": _mish, "hardsigmoid": _hardsigmoid, "hardswish": _hardswish,
+    "sigmoid_backward": _sigmoid_backward, "tanh_backward": _tanh_backward,
+    "threshold_backward": _threshold_backward, "threshold": _threshold,
+    # comparisons and logic
+    **{name: partial(_compare, op) for name, op in _COMPARE.items()},
+    **{name: partial(_logical, op) for name, op in _LOGICAL.items()},
+    "logical_not": _logical_not,
+    **{name: partial(_bitwise, op) for name, op in _BITWISE.items()},
+    "bitwise_not": _bitwise_not,
+    **dict.fromkeys(_FLOAT_CLASSES, _float_class), "nan_to_num": _nan_to_num,
+    # selection
+    "where": _where, "masked_fill": _masked_fill,
+}
+
+POINTWISE: dict[str, PointwiseRule] = {
+    **{name: elementwise(rule) for name, rule in _ELEMENTWISE.items()},
+    "arange": _arange, "iota": _arange,
+    **dict.fromkeys(("full", "full_like", "scalar_tensor", "zeros", "ones", "zeros_like",
+                     "ones_like", "empty_like", "empty", "new_zeros", "new_ones", "new_full",
+                     "new_empty", "fill", "empty_strided", "empty_permuted",
+                     "new_empty_strided"), _full),
+}

@@ -12,17 +12,11 @@ import torch
 from torch import fx
 
 from compiler.codegen import pointwise
-from compiler.codegen.common import (
-    Generated,
-    Unsupported,
-    Writer,
-    assemble,
-    literal,
-    store,
-)
-from compiler.ir import KernelGroup, meta
-from compiler.ops import base_name
+from compiler.codegen.common import Unsupported, broadcast_index, literal
+from compiler.codegen.writer import Generated, Writer, assemble, store
+from compiler.ir import KernelGroup, base_name, meta
 
+OPS = ("mm", "addmm", "bmm")
 DOT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -98,8 +92,6 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
     natural = lead + ("rm", "rn")
     value = "acc" if alpha == 1 else f"acc * {literal(alpha, torch.float32)}"
     if bias is not None:
-        from compiler.codegen.common import broadcast_index
-
         bv = w.value(bias, broadcast_index(natural, out.shape, meta(bias).shape), "mmask")
         value = f"{value} + {bv}" if beta == 1 else f"{value} + {bv} * {literal(beta, torch.float32)}"
     if value != "acc":

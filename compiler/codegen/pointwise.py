@@ -6,16 +6,8 @@ import math
 
 from torch import fx
 
-from compiler.codegen.common import (
-    Generated,
-    Index,
-    NotFusible,
-    Writer,
-    assemble,
-    define_dims,
-    reshape_index,
-    store,
-)
+from compiler.codegen.common import Index, NotFusible, reshape_index
+from compiler.codegen.writer import Generated, Writer, assemble, define_dims, store
 from compiler.ir import KernelGroup, meta
 
 

@@ -21,21 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from compiler.codegen.common import (
-    Generated,
-    Index,
-    NotFusible,
-    Unsupported,
-    Writer,
-    assemble,
-    compute_dtype,
-    define_dims,
-    literal,
-    store,
-    tl_dtype,
-)
-from compiler.ir import Domain, KernelGroup, meta
-from compiler.ops import base_name
+from compiler.codegen.common import Index, NotFusible, Unsupported, compute_dtype, literal, tl_dtype
+from compiler.codegen.writer import Generated, Writer, assemble, define_dims, store
+from compiler.ir import Domain, KernelGroup, base_name, meta
 
 
 @dataclass(frozen=True)
@@ -53,14 +41,15 @@ class ReductionInfo:
         return Domain(meta(self.source).shape, self.dims)
 
 
-_OPS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
+# aten reduction -> what it reduces with
+OPS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
         "prod": "prod", "any": "any", "all": "all", "argmax": "argmax", "argmin": "argmin"}
 
 
 def reduction_info(node: fx.Node) -> ReductionInfo:
     """Parse a reduction node; raises Unsupported for forms kept as ATen calls."""
     name = base_name(node)
-    if name not in _OPS or not isinstance(node.args[0], fx.Node):
+    if name not in OPS or not isinstance(node.args[0], fx.Node):
         raise Unsupported(f"reduction {name}")
     if not hasattr(meta(node), "shape"):
         raise Unsupported(f"{name} with several outputs")
@@ -89,7 +78,7 @@ def reduction_info(node: fx.Node) -> ReductionInfo:
         raise Unsupported("argmax over several dims")
     if meta(src).dtype.is_complex:
         raise Unsupported("complex reduction")
-    return ReductionInfo(node, src, _OPS[name], norm, keepdim)
+    return ReductionInfo(node, src, OPS[name], norm, keepdim)
 
 
 def reduced_index(info: ReductionInfo, full: Index) -> Index:
