@@ -16,7 +16,25 @@ from torch import nn
 # BENCH.md's gpt_block, as the benchmarks and the compiler's corpus define it.
 from bench.cases import GPTBlock as Block
 
-__all__ = ["GPT", "Block", "GPTConfig", "SeedMLP", "gpt_batches", "not_through_kiln", "train"]
+__all__ = ["GPT", "Block", "GPTConfig", "SeedMLP", "gpt_batches", "not_through_kiln", "train",
+           "verdict"]
+
+
+def verdict(ok: bool) -> int:
+    """Print kiln's stats and the example's verdict; the exit status. A run that matched
+    eager but did not go through kiln fails (see `not_through_kiln`)."""
+    import json
+
+    import kiln
+
+    stats = kiln.stats()
+    print("stats:", json.dumps(stats, sort_keys=True))
+    problem = not_through_kiln(stats)
+    if problem:
+        print(f"FAILED: {problem}")
+        return 1
+    print("OK" if ok else "MISMATCH")
+    return 0 if ok else 1
 
 
 def not_through_kiln(stats: dict[str, float]) -> str | None:
