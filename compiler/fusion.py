@@ -17,7 +17,6 @@ import operator
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from compiler import ops
 from compiler.codegen import NotFusible, Unsupported, generate_kernel, rules, views
 from compiler.codegen import matmul as matmul_codegen
 from compiler.codegen.common import TL_DTYPES
@@ -44,28 +43,27 @@ def _classify(node: fx.Node) -> str:
     if node.target is operator.getitem:
         return "view" if views.is_view(node) else "extern"
     m = node.meta.get("kiln_meta")
-    if not isinstance(m, TensorMeta) or name in ops.NEVER_LOWER or m.dtype not in TL_DTYPES:
+    rule = rules.RULES.get(name)
+    if rule is None or rule.kind == "aten" or not isinstance(m, TensorMeta) or m.dtype not in TL_DTYPES:
         return "extern"
     for arg in node.all_input_nodes:
         am = arg.meta.get("kiln_meta")
         if not isinstance(am, TensorMeta) or am.dtype not in TL_DTYPES:
             return "extern"
+    # A rule raises Unsupported for the forms it leaves to ATen; any other error is a
+    # bug in code generation and propagates.
     try:
-        if name in ops.MATMULS:
+        if rule.kind == "matmul":
             matmul_codegen.check(node)
-            return "matmul"
-        if name in ops.REDUCTIONS:
+        elif rule.kind == "reduction":
             reduction_info(node)
-            return "reduction"
-        if name in ops.VIEWS | ops.POINTWISE | ops.INDEXING:
-            kind = "view" if name in ops.VIEWS else "index" if name in ops.INDEXING else "pointwise"
+        else:  # its value at a symbolic index, every input read from a buffer
             w = Writer(members=set(), is_buffer=lambda n: n is not node, int64=False,
                        evaluate=rules.evaluate)
             w.value(node, tuple(f"i{d}" for d in range(len(m.shape))), "mask")
-            return kind
-    except (Unsupported, NotFusible, KeyError, IndexError, TypeError, ValueError, AttributeError):
+    except Unsupported:
         return "extern"
-    return "extern"
+    return rule.kind
 
 
 def plan_steps(gm: fx.GraphModule) -> tuple[list[Step], set[fx.Node]]:
@@ -226,9 +224,9 @@ class _Planner:
         trial = KernelGroup(group.name, new_kind, new_dom, group.members + [node], group.position,
                             anchors=anchors, dtype=group.dtype)
         trial.stored = list(trial.members)
-        try:
+        try:  # NotFusible: a value is needed at another index than it is computed at
             generate_kernel(trial, DEFAULT_VARIANT[new_kind], self.is_buffer, [])
-        except (NotFusible, Unsupported):
+        except NotFusible:
             return None
         return trial
 
