@@ -23,7 +23,7 @@ from service.context import HitBuffer, ServiceContext
 from service.errors import install_error_handlers
 from service.hotpath import ScheduleReader
 from service.metrics import MetricsMiddleware
-from service.ratelimit import FailureThrottle, RateLimiter
+from service.ratelimit import make_limiters
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,10 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     # The dashboard reads these three (service/dashboard/deps.py).
     app.state.settings, app.state.sessionmaker, app.state.queue = ctx.settings, ctx.sessions, ctx.queue
     app.state.hits = HitBuffer()
-    app.state.limiter = RateLimiter(ctx.settings.rate_limit_per_s, ctx.settings.rate_limit_burst)
+    # In Redis when configured, so every API process shares them; the throttle covers bearer
+    # tokens and dashboard logins.
+    app.state.limiter, app.state.auth_failures = make_limiters(ctx.settings)
     app.state.token_roles = TokenRoles()
-    app.state.auth_failures = FailureThrottle()  # bearer tokens and dashboard logins
     app.state.reader = ScheduleReader(ctx)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -16,6 +17,7 @@ from service.ratelimit import FailureThrottle, RateLimiter
 
 ADMIN_COOKIE = "kiln_admin"
 _TOKEN_CACHE_S = 30.0  # a revoked token stops working within this long
+T = TypeVar("T")
 
 
 def get_ctx(request: Request) -> ServiceContext:
@@ -72,9 +74,14 @@ def _bearer(request: Request) -> str | None:
     return token.strip()
 
 
-def _limit(request: Request, principal: Principal) -> Principal:
+async def _ask(limiter: RateLimiter | FailureThrottle, method: Callable[[str], T], arg: str) -> T:
+    """A limiter's answer; one shared through Redis is asked off the event loop."""
+    return await run_in_threadpool(method, arg) if limiter.shared else method(arg)
+
+
+async def _limit(request: Request, principal: Principal) -> Principal:
     limiter: RateLimiter = request.app.state.limiter
-    wait = limiter.allow(principal.ident)
+    wait = await _ask(limiter, limiter.allow, principal.ident)
     if wait:
         raise ApiError(429, "rate_limited", f"too many requests; retry in {wait:.2f} s",
                        {"Retry-After": str(max(1, round(wait)))})
@@ -94,13 +101,13 @@ async def _token_role(request: Request, ctx: ServiceContext, token: str) -> str:
     if known is not None:
         return known
     throttle: FailureThrottle = request.app.state.auth_failures
-    wait = throttle.blocked_for(_address(request))
+    wait = await _ask(throttle, throttle.blocked_for, _address(request))
     if wait:
         raise ApiError(429, "too_many_failures", f"too many unknown tokens from this address; "
                        f"retry in {wait:.0f} s", {"Retry-After": str(max(1, round(wait)))})
     role = await roles.role(ctx, token)
     if role is None:
-        throttle.failed(_address(request))
+        await _ask(throttle, throttle.failed, _address(request))
         raise ApiError(401, "unauthorized", "unknown or revoked token",
                        {"WWW-Authenticate": "Bearer"})
     return role
@@ -112,11 +119,11 @@ async def client_principal(request: Request) -> Principal:
     token = _bearer(request)
     if token is None:
         if ctx.settings.loopback:
-            return _limit(request, Principal(None, f"ip:{_address(request)}"))
+            return await _limit(request, Principal(None, f"ip:{_address(request)}"))
         raise ApiError(401, "unauthorized", "a bearer token is required (kiln token create)",
                        {"WWW-Authenticate": "Bearer"})
     role = await _token_role(request, ctx, token)
-    return _limit(request, Principal(role, f"token:{hash_token(token)}"))
+    return await _limit(request, Principal(role, f"token:{hash_token(token)}"))
 
 
 async def admin_principal(request: Request) -> Principal:
@@ -138,11 +145,11 @@ async def admin_principal(request: Request) -> Principal:
         if not await run_in_threadpool(_session_is_admin, ctx, sid):
             raise ApiError(401, "unauthorized", "the dashboard session ended; log in again",
                            {"WWW-Authenticate": "Bearer"})
-        return _limit(request, Principal("admin", f"session:{hash_token(sid)}"))
+        return await _limit(request, Principal("admin", f"session:{hash_token(sid)}"))
     role = await _token_role(request, ctx, bearer)
     if role != "admin":
         raise ApiError(403, "forbidden", "this endpoint needs an admin token")
-    return _limit(request, Principal(role, f"token:{hash_token(bearer)}"))
+    return await _limit(request, Principal(role, f"token:{hash_token(bearer)}"))
 
 
 def _session_is_admin(ctx: ServiceContext, sid: str) -> bool:

@@ -18,3 +18,13 @@ def streams_index(prefix: str) -> str:
 def epoch(prefix: str) -> str:
     """A marker written once; finding it missing means Redis lost its data."""
     return f"{prefix}epoch"
+
+
+def rate_bucket(prefix: str, ident: str) -> str:
+    """The per-token rate limit bucket (a hash: tokens, at) shared by every API process."""
+    return f"{prefix}rate:{ident}"
+
+
+def auth_failures(prefix: str, address: str) -> str:
+    """The recent failed authentications of one client address (a sorted set of times)."""
+    return f"{prefix}authfail:{address}"
