@@ -29,13 +29,11 @@ import os
 import secrets
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,25 +44,6 @@ FINAL_JOBS = ("done", "failed")
 
 
 # ---- client side (a subprocess per case) ------------------------------------------------------
-def _wall_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float:
-    """Median over 3 rounds of the wall time per step of `n` back-to-back steps."""
-    rounds = []
-    for _ in range(3):
-        sync()
-        start = time.perf_counter()
-        for _ in range(n):
-            step()
-        sync()
-        rounds.append((time.perf_counter() - start) * 1000 / n)
-    return statistics.median(rounds)
-
-
-def _rel_error(got: Any, want: Any) -> float:
-
-    got, want = got.detach().double(), want.detach().double()
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
-
-
 def run_client(model: str, step: str, device_name: str, small: bool, measure: bool,
                iters: int) -> dict[str, Any]:
     """One case through `backend="kiln"`: the first step (compile, wait for the service),
@@ -72,14 +51,12 @@ def run_client(model: str, step: str, device_name: str, small: bool, measure: bo
     import torch
 
     import kiln
+    from bench.measure import rel_error, synchronizer, wall_ms
     from bench.models import MODELS, step_fn
     from kiln import degrade
 
     device = torch.device(device_name)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    sync = synchronizer(device)
 
     case = MODELS[model]
     torch.manual_seed(0)
@@ -89,7 +66,7 @@ def run_client(model: str, step: str, device_name: str, small: bool, measure: bo
     if measure:
         want = eager_step()
         want_grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
-        record["eager_wall_ms"] = _wall_ms(eager_step, sync, iters)
+        record["eager_wall_ms"] = wall_ms(eager_step, sync, iters)
     compiled = torch.compile(module, backend=kiln.remote_compile)  # = backend="kiln" installed
     kiln_step = step_fn(case, step, compiled, inputs)
     sync()
@@ -98,12 +75,12 @@ def run_client(model: str, step: str, device_name: str, small: bool, measure: bo
     sync()
     record["first_step_s"] = round(time.perf_counter() - start, 3)
     if measure:
-        record["error_vs_eager"] = _rel_error(got, want)
+        record["error_vs_eager"] = rel_error(got, want)
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         if want_grads and len(grads) == len(want_grads):
             record["max_grad_error_vs_eager"] = max(
-                _rel_error(g, w) for g, w in zip(grads, want_grads, strict=True))
-        record["kiln_wall_ms"] = _wall_ms(kiln_step, sync, iters)
+                rel_error(g, w) for g, w in zip(grads, want_grads, strict=True))
+        record["kiln_wall_ms"] = wall_ms(kiln_step, sync, iters)
     record["stats"] = kiln.stats()
     record["warned"] = sorted(degrade.warned())
     return record

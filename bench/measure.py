@@ -1,0 +1,71 @@
+"""What the model benchmarks measure about a step, the same way everywhere.
+
+- wall ms: `n` back-to-back steps with one synchronize at the end, per step, median of 3
+  rounds (what a training loop sees, host overhead included);
+- host ms: the median time a step call takes to return, the GPU left running (the launch
+  work of the host; meaningful while the GPU queue does not fill);
+- GPU ms: the device time of the kernels of one step, from the profiler;
+- errors: relative L2 error against eager.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """A function that waits for `device`'s queue (nothing on the CPU)."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def wall_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float:
+    """Median over 3 rounds of the wall time per step of `n` back-to-back steps."""
+    rounds = []
+    for _ in range(3):
+        sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+        rounds.append((time.perf_counter() - start) * 1000 / n)
+    return statistics.median(rounds)
+
+
+def host_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float:
+    """Median time for a step call to return, the device left to run behind it."""
+    times = []
+    sync()
+    for _ in range(n):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1000)
+    sync()
+    return statistics.median(times)
+
+
+def gpu_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float | None:
+    """Device time of one step's kernels (profiler), or None where there is no GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        sync()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return total_us / 1000 / n
+
+
+def rel_error(got: Any, want: Any) -> float:
+    """||got - want|| / ||want|| in float64."""
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))

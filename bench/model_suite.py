@@ -1,0 +1,239 @@
+"""The model benchmark (BENCH.md's model suite): eager, Inductor and kiln on real models.
+
+    python -m bench.model_suite                         # every model and path, on cuda
+    python -m bench.model_suite --models gpt2 --paths eager,kiln_heuristic
+    TRITON_INTERPRET=1 python -m bench.model_suite --device cpu --small \\
+        --models gpt_block_train --paths eager,kiln_heuristic
+
+Each (model, step, path) runs in a fresh process with empty caches (Triton, Inductor,
+kiln), so its first step is a cold first step. Paths:
+
+- `eager`;
+- `inductor`: `torch.compile` default;
+- `kiln_heuristic`: `backend="kiln"` with `KILN_URL=off` (heuristic schedules, local builds);
+- `kiln_tuned`: `backend="kiln"` against `kiln serve` on this machine after every graph was
+  submitted and tuned (bench/flow.py's service and compile phase), from a fresh process with
+  empty local caches: a service hit. Its first step is `kiln_hit_first_s`, the kernels it
+  compiled (new binaries in its Triton cache) `kiln_hit_kernels_compiled`.
+
+Per path: wall ms per step, host ms, GPU ms, first step s, kernels compiled by the first
+step, and the error of the output (inference) or loss and gradients (training) against
+eager in the same process. Results: `{"command", "device", "torch", "cases": [...]}`, one
+case per (model, step) with the fields the training-speed and compile-time issues name
+(`eager_wall_ms`, `inductor_wall_ms`, `kiln_heuristic_wall_ms`, `kiln_tuned_wall_ms`,
+`eager_first_s`, `inductor_first_s`, `kiln_first_s`, `kiln_hit_first_s`,
+`kiln_hit_kernels_compiled`, ...) and every path's full record under `paths`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT_MARK = "SUITE_RESULT "
+PATHS = ("eager", "inductor", "kiln_heuristic", "kiln_tuned")
+# Record key prefix per path in a case (kiln_heuristic's first step is the cold `kiln_first_s`).
+FIRST_KEY = {"eager": "eager_first_s", "inductor": "inductor_first_s",
+             "kiln_heuristic": "kiln_first_s", "kiln_tuned": "kiln_hit_first_s"}
+
+
+def _binaries(cache: Path) -> int:
+    """Compiled kernel binaries in a Triton cache directory."""
+    return sum(1 for p in cache.rglob("*") if p.suffix in (".cubin", ".hsaco")) if cache.exists() else 0
+
+
+def run_path(model: str, step: str, path: str, device_name: str, small: bool,
+             iters: int) -> dict[str, Any]:
+    """In a fresh process: one path of one case, measured (see the module doc)."""
+    import torch
+
+    from bench.measure import gpu_ms, host_ms, rel_error, synchronizer, wall_ms
+    from bench.models import MODELS, step_fn
+
+    device = torch.device(device_name)
+    sync = synchronizer(device)
+    case = MODELS[model]
+    torch.manual_seed(0)
+    module, inputs = case.make(device, small)
+    eager_step = step_fn(case, step, module, inputs)
+    want = eager_step()
+    params = [p for p in module.parameters() if p.requires_grad]
+    want_grads = [p.grad.clone() if p.grad is not None else None for p in params]
+    if path == "eager":
+        run = module
+    elif path == "inductor":
+        run = torch.compile(module)
+    else:
+        import kiln
+
+        run = torch.compile(module, backend=kiln.remote_compile)
+    compiled_step = step_fn(case, step, run, inputs)
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
+    before = _binaries(cache)
+    sync()
+    start = time.perf_counter()
+    got = compiled_step()
+    sync()
+    record: dict[str, Any] = {"path": path, "first_s": round(time.perf_counter() - start, 3),
+                              "kernels_compiled": _binaries(cache) - before,
+                              "error_vs_eager": rel_error(got, want)}
+    grads = [p.grad for p in params]
+    pairs = [(g, w) for g, w in zip(grads, want_grads, strict=True) if g is not None and w is not None]
+    if pairs:
+        record["max_grad_error_vs_eager"] = max(rel_error(g, w) for g, w in pairs)
+    compiled_step()  # settle: CUDA graph capture, swapped-in schedules
+    record["wall_ms"] = wall_ms(compiled_step, sync, iters)
+    record["host_ms"] = host_ms(compiled_step, sync, iters)
+    record["gpu_ms"] = gpu_ms(compiled_step, sync, min(iters, 5))
+    if path.startswith("kiln"):
+        import kiln
+
+        record["stats"] = {k: v for k, v in kiln.stats().items()}
+    return record
+
+
+def _cold_env(workdir: Path, tag: str, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of one measuring process: every cache empty and its own."""
+    env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
+    for var, name in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                      ("KILN_CACHE_DIR", "kiln-cache"), ("KILN_KERNEL_DIR", "kiln-kernels")):
+        env[var] = str(workdir / f"{tag}-{name}")
+    return env
+
+
+def _measure(args: argparse.Namespace, workdir: Path, model: str, step: str, path: str,
+             extra: dict[str, str]) -> dict[str, Any]:
+    tag = f"{model}-{step}-{path}"
+    cmd = [sys.executable, "-m", "bench.model_suite", "step", "--model", model, "--step", step,
+           "--path", path, "--device", args.device, "--iters", str(args.iters)]
+    cmd += ["--small"] if args.small else []
+    log = workdir / f"{tag}.log"
+    with log.open("w") as err:
+        done = subprocess.run(cmd, cwd=ROOT, env=_cold_env(workdir, tag, extra),
+                              stdout=subprocess.PIPE, stderr=err, text=True,
+                              timeout=args.timeout, check=False)
+    found = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if done.returncode != 0 or not found:
+        tail = log.read_text()[-600:]
+        return {"path": path, "error": f"exited {done.returncode}: {tail}"}
+    return json.loads(found[-1][len(RESULT_MARK):])
+
+
+def _case_record(model: str, step: str, paths: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    record: dict[str, Any] = {"model": model, "step": step}
+    for path, r in paths.items():
+        record[f"{path}_wall_ms"] = r.get("wall_ms")
+        record[FIRST_KEY[path]] = r.get("first_s")
+    if "kiln_tuned" in paths:
+        record["kiln_hit_kernels_compiled"] = paths["kiln_tuned"].get("kernels_compiled")
+    record["paths"] = paths
+    return record
+
+
+def _tuned_service(args: argparse.Namespace, workdir: Path, cases: list[tuple[str, str]]) -> Any:
+    """`kiln serve` on this machine with every case's graphs submitted and settled."""
+    import torch
+
+    from bench import flow
+
+    gpus = list(range(torch.cuda.device_count())) if args.device.startswith("cuda") else []
+    service = flow.Service(workdir / "service", gpus, None, args.tune_seconds, args.tune_trials)
+    flow_args = argparse.Namespace(timeout=args.timeout, device=args.device, iters=1,
+                                   small=args.small)
+    for model, step in cases:
+        flow._client(service, flow_args, model, step, False, workdir / f"submit-{model}-{step}")
+    flow._settle(service, args.timeout)
+    return service
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    import torch
+
+    cases = [(m, s) for m in args.models for s in (("train",) if m == "gpt_block_train"
+                                                   else ("infer", "train"))]
+    workdir = Path(tempfile.mkdtemp(prefix="kiln-models-"))
+    print(f"model suite: {len(cases)} cases x {len(args.paths)} paths; logs in {workdir}", flush=True)
+    results: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
+    for model, step in cases:
+        for path in (p for p in args.paths if p != "kiln_tuned"):
+            extra = {"KILN_URL": "off"} if path == "kiln_heuristic" else {}
+            results[(model, step)][path] = _measure(args, workdir, model, step, path, extra)
+            print(f"  {model}.{step} {path}: {results[(model, step)][path].get('wall_ms')}",
+                  flush=True)
+    if "kiln_tuned" in args.paths:
+        service = _tuned_service(args, workdir, cases)
+        try:
+            for model, step in cases:
+                extra = {"KILN_URL": service.url, "KILN_MODE": "wait",
+                         "KILN_WAIT_TIMEOUT": str(args.timeout)}
+                results[(model, step)]["kiln_tuned"] = _measure(args, workdir, model, step,
+                                                                "kiln_tuned", extra)
+        finally:
+            service.stop()
+    records = [_case_record(m, s, results[(m, s)]) for m, s in cases]
+    print(f"\n{'case':<22}" + "".join(f"{p + ' ms':>20}" for p in args.paths)
+          + "".join(f"{FIRST_KEY[p]:>18}" for p in args.paths))
+    for r in records:
+        print(f"{r['model'] + '.' + r['step']:<22}"
+              + "".join(f"{_fmt(r.get(p + '_wall_ms')):>20}" for p in args.paths)
+              + "".join(f"{_fmt(r.get(FIRST_KEY[p])):>18}" for p in args.paths))
+    failed = [f"{r['model']}.{r['step']} {p}: {v['error'][:200]}" for r in records
+              for p, v in r["paths"].items() if "error" in v]
+    for line in failed:
+        print("FAILED", line)
+    result = {"command": " ".join(["python -m bench.model_suite", *sys.argv[1:]]),
+              "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+              "torch": torch.__version__, "cases": records}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.model_suite",
+                                     description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--models", type=lambda s: s.split(","),
+                        default=["gpt2", "resnet18", "gpt_block_train"])
+    parser.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke runs)")
+    parser.add_argument("--iters", type=int, default=20, help="steps per timed round")
+    parser.add_argument("--tune-seconds", type=float, default=60.0)
+    parser.add_argument("--tune-trials", type=int, default=64)
+    parser.add_argument("--timeout", type=float, default=1200.0, help="per measuring process, s")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "models_h200.json")
+    one = sub.add_parser("step", help="(internal) measure one path of one case")
+    one.add_argument("--model", required=True)
+    one.add_argument("--step", required=True, choices=("infer", "train"))
+    one.add_argument("--path", required=True, choices=PATHS)
+    one.add_argument("--device", default="cuda")
+    one.add_argument("--small", action="store_true")
+    one.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args(argv)
+    if args.command == "step":
+        record = run_path(args.model, args.step, args.path, args.device, args.small, args.iters)
+        print(RESULT_MARK + json.dumps(record), flush=True)
+        return 0
+    unknown = sorted(set(args.paths) - set(PATHS))
+    if unknown:
+        parser.error(f"unknown paths {unknown}; choose from {', '.join(PATHS)}")
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

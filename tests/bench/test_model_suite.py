@@ -1,0 +1,31 @@
+"""`python -m bench.model_suite` on the CPU: every path in a cold process, one record per case
+with the fields the training-speed and compile-time issues read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_model_suite_measures_eager_and_kiln(tmp_path: Path) -> None:
+    out = tmp_path / "models.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.model_suite", "--device", "cpu", "--small",
+         "--models", "gpt_block_train", "--paths", "eager,kiln_heuristic", "--iters", "1",
+         "--timeout", "300", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (case,) = json.loads(out.read_text())["cases"]
+    assert (case["model"], case["step"]) == ("gpt_block_train", "train")
+    assert case["eager_wall_ms"] > 0 and case["kiln_heuristic_wall_ms"] > 0
+    assert case["kiln_first_s"] > 0 and case["eager_first_s"] >= 0
+    kiln = case["paths"]["kiln_heuristic"]
+    assert kiln["stats"]["builds"] == 2 and kiln["stats"]["eager"] == 0  # forward and backward
+    assert kiln["error_vs_eager"] < 0.02 and kiln["max_grad_error_vs_eager"] < 0.05
+    assert kiln["host_ms"] > 0 and kiln["gpu_ms"] is None  # no GPU here
