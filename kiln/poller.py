@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from kiln.client import ServiceError
 from kiln.compiled import CompiledGraph
-from kiln.resolve import Resolver
+from kiln.resolve import PollState, Resolver
 
 log = logging.getLogger("kiln")
 
@@ -27,8 +27,7 @@ MAX_INTERVAL = 10.0  # seconds: the slowest a pending graph is polled
 class _Watch:
     entry: CompiledGraph
     resolver: Resolver
-    submitted: bool
-    job_id: str | None
+    state: PollState
     give_up_at: float
     interval: float
     next_at: float = field(default=0.0)
@@ -53,7 +52,7 @@ class Poller:
         with self._cond:
             if self._stopped:
                 return
-            self._watches.append(_Watch(entry, resolver, submitted, job_id,
+            self._watches.append(_Watch(entry, resolver, PollState(submitted, job_id),
                                         give_up_at=now + resolver.config.poll_for,
                                         interval=interval, next_at=now + interval))
             if self._thread is None:
@@ -111,18 +110,9 @@ class Poller:
         r, entry = w.resolver, w.entry
         assert r.client is not None
         try:
-            if not w.submitted:
-                answer = r.client.submit(entry.wire, entry.target.to_json(), entry.key,
-                                         entry.tag)
-                w.submitted = True
-            else:
-                answer = r.client.schedule(entry.key)
-            r.answered()
-            if answer.status == "unknown":  # never seen, or invalidated: submit again
-                w.submitted = False
+            answer = r.poll(entry, w.state)
+            if answer.status == "unknown":  # never seen, or invalidated: submit next round
                 return False
-            if answer.job_id is not None:
-                w.job_id = answer.job_id
             if answer.status == "failed":
                 return True
             if answer.status == "tuned" and answer.schedule is not None:
@@ -131,10 +121,9 @@ class Poller:
             if answer.status == "heuristic" and answer.schedule is not None \
                     and entry.level == "eager":
                 r.build_from(entry, answer.schedule, "heuristic", "service")
-            if w.job_id is None or not r.job_final(w.job_id):
+            last = r.settled(entry, w.state)
+            if last is None:
                 return False
-            # The job is over; a tuned schedule may have landed with it.
-            last = r.client.schedule(entry.key)
             if last.status == "tuned" and last.schedule is not None:
                 r.build_from(entry, last.schedule, "tuned", "service")
             return True

@@ -28,6 +28,15 @@ from kiln.config import Config
 
 log = logging.getLogger("kiln")
 
+
+@dataclass
+class PollState:
+    """Where polling one graph stands: whether the service knows it, and its job."""
+
+    submitted: bool = False
+    job_id: str | None = None
+
+
 # After the service failed to answer (down, hung, 5xx), graphs compiled in the next
 # BREAKER_S seconds do not wait for it; the background poller keeps trying meanwhile.
 BREAKER_S = 30.0
@@ -174,18 +183,17 @@ class Resolver:
             self.build_local(entry)
         return answer
 
-    def _ask(self, client: ServiceClient | None, entry: CompiledGraph) -> Answer | None:
-        assert client is not None
+    def _ask(self, client: ServiceClient | None, entry: CompiledGraph,
+             state: PollState | None = None) -> Answer | None:
+        """Submit once, unless the breaker says the service is down; None without an answer."""
         if self.service_down():
             degrade.count(f"fallback:{self._down_cause}")
             return None
         try:
-            answer = client.submit(entry.wire, entry.target.to_json(), entry.key, entry.tag)
+            return self.poll(entry, state or PollState(), client)
         except ServiceError as exc:
             self.failed(exc)
             return None
-        self.answered()
-        return answer
 
     # -- circuit breaker: a dead service costs one timeout, not one per graph ---------------
 
@@ -204,37 +212,60 @@ class Resolver:
         """The service answered: ask it again on the critical path."""
         self._down_until = 0.0
 
+    # -- polling: `wait` mode here, the background poller (`kiln.poller`) a round at a time --
+
     def _wait(self, entry: CompiledGraph) -> Answer | None:
         """Submit, then poll until a tuned schedule, a final answer, or the wait timeout."""
         assert self.client is not None
         deadline = time.monotonic() + self.config.wait_timeout
-        answer = self._ask(self.client, entry)
-        job_id = answer.job_id if answer is not None else None  # a 200 GET does not repeat it
+        state = PollState()
+        answer = self._ask(self.client, entry, state)
         try:
             while answer is not None and answer.status not in ("tuned", "failed"):
-                if job_id is not None and self.job_final(job_id):
-                    # Nothing better is coming (no tuner for this target, or it failed):
-                    # read the schedule once more, in case it landed with the job.
-                    answer = self.client.schedule(entry.key)
-                    entry.final = True
+                last = self.settled(entry, state)
+                if last is not None:  # nothing better is coming (no tuner, or it failed)
+                    answer, entry.final = last, True
                     break
                 if time.monotonic() + self.config.poll_interval > deadline:
                     degrade.warn_once("wait_timeout", f"{self.config.wait_timeout:g}s for "
                                       f"{entry.key[:12]}")
                     break
                 time.sleep(self.config.poll_interval)
-                answer = self.client.schedule(entry.key)
+                answer = self.poll(entry, state)
                 if answer.status == "unknown":  # invalidated or forgotten: submit again
-                    answer = self._ask(self.client, entry)
-                if answer is not None and answer.job_id is not None:
-                    job_id = answer.job_id
+                    answer = self._ask(self.client, entry, state)
         except ServiceError as exc:
             self.failed(exc)
         if answer is not None and answer.status == "failed":
             degrade.warn_once("rejected", f"the service failed to build {entry.key[:12]}")
-        if answer is not None and answer.job_id is None and job_id is not None:
-            answer = dataclasses.replace(answer, job_id=job_id)
+        if answer is not None and answer.job_id is None and state.job_id is not None:
+            answer = dataclasses.replace(answer, job_id=state.job_id)
         return answer
+
+    def poll(self, entry: CompiledGraph, state: PollState,
+             client: ServiceClient | None = None) -> Answer:
+        """One round: submit the graph when the service does not know it (first round, or
+        it answered "unknown": invalidated or forgotten), else read its schedule; `state`
+        keeps the job. Raises `ServiceError`."""
+        client = client or self.client
+        assert client is not None
+        if state.submitted:
+            answer = client.schedule(entry.key)
+        else:
+            answer = client.submit(entry.wire, entry.target.to_json(), entry.key, entry.tag)
+        self.answered()
+        state.submitted = answer.status != "unknown"
+        if answer.job_id is not None:  # a 200 GET does not repeat it
+            state.job_id = answer.job_id
+        return answer
+
+    def settled(self, entry: CompiledGraph, state: PollState) -> Answer | None:
+        """When the graph's job is over (done or failed), its schedule read once more (a
+        tuned one may have landed with the job); None while the job runs or none is known."""
+        assert self.client is not None
+        if state.job_id is None or not self.job_final(state.job_id):
+            return None
+        return self.client.schedule(entry.key)
 
     def job_final(self, job_id: str) -> bool:
         """Whether the service's job is over (done or failed); a failed job is warned."""

@@ -287,6 +287,61 @@ def test_a_service_that_comes_back_later_gets_the_graph_and_its_tuned_schedule_s
     assert causes(kiln_warnings) == {"unreachable": 1}
 
 
+class ForgetsOnce:
+    """A fake service that forgets the graph after its first submission (404), then runs a
+    second job whose tuned schedule lands with it: the schedule stays pending until the
+    client has seen the job done."""
+
+    def __init__(self) -> None:
+        self.posts, self.job_done, self.body = 0, False, None
+        self.lock = threading.Lock()
+
+    def __call__(self, method, path, body):
+        with self.lock:
+            if method == "POST":
+                self.posts, self.body = self.posts + 1, body
+                key = compiler.tuning_key(compiler.from_wire(body["graph"]),
+                                          compiler.Target.from_json(body["target"]))
+                return json_reply(202, {"key": key, "status": "pending",
+                                        "job_id": f"job{self.posts}"})
+            if path.startswith("/v1/jobs/"):
+                job = path.rsplit("/", 1)[1]
+                self.job_done |= job == "job2"
+                return json_reply(200, {"id": job, "status": "done" if job == "job2" else "running"})
+            key = path.rsplit("/", 1)[1]
+            if self.posts < 2:
+                return json_reply(404, {"error": {"code": "not_found", "message": key}})
+            if not self.job_done:
+                return json_reply(202, {"key": key, "status": "pending"})  # no job id
+            schedule = _schedule_for(self.body, "tuned")
+        return json_reply(200, {"key": key, "status": "tuned", "schedule": schedule})
+
+
+@pytest.mark.parametrize("mode", ["wait", "async"])
+def test_a_forgotten_graph_is_submitted_again_and_its_finished_job_brings_the_schedule(
+        mode, kiln_warnings):
+    service = ForgetsOnce()
+    with FakeServer(service) as srv:
+        kiln.configure(url=srv.url, mode=mode, poll_interval=0.05, wait_timeout=30)
+        model = SeedMLP(16, 32, 10).eval()
+        x = torch.randn(4, 16)
+        with torch.no_grad():
+            want = model(x)
+            compiled = torch.compile(model, backend="kiln")
+            torch.testing.assert_close(compiled(x), want)
+            (graph,) = backend.compiled_graphs()
+            deadline = time.monotonic() + 60  # async: the poller swaps it in
+            while graph.level != "tuned" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            torch.testing.assert_close(compiled(x), want)
+        backend.shutdown()
+    assert (graph.level, graph.origin) == ("tuned", "service")
+    paths = [path for _, path, *_ in srv.requests]
+    assert service.posts == 2 and "/v1/jobs/job2" in paths
+    assert paths.index("/v1/jobs/job2") < len(paths) - 1  # the schedule was read after it
+    assert not causes(kiln_warnings)
+
+
 def test_dynamic_shapes_warn_once_and_compile_per_concrete_shape(kiln_warnings):
     kiln.configure(url=None)
     torch.manual_seed(0)
