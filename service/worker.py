@@ -165,7 +165,7 @@ class Worker:
         except WorkerInterrupted:
             with self.ctx.transaction() as session:
                 store.release(session, job, self.id, "worker stopped; job given back")
-            self.ctx.queue.enqueue(delivery.stream, job.id)
+                store.enqueue_after_commit(session, stage, queue_class, job.id)
             self.ctx.queue.ack(delivery)
             raise
         finally:
@@ -194,13 +194,12 @@ class Worker:
             attempts = job.attempts if final else settings.max_attempts
             with self.ctx.transaction() as session:
                 state = store.fail_attempt(session, job, self.id, error[:4000], attempts)
-            if state == "queued":
-                self.ctx.queue.enqueue(delivery.stream, job.id)
+                if state == "queued":
+                    store.enqueue_after_commit(session, stage, queue_class, job.id)
             self.ctx.queue.ack(delivery)
             self._finished(job, stage, "retry" if state == "queued" else "failed", started)
             return
         status = "heuristic" if stage == "build" else "tuned"
-        tuner_next = False
         with self.ctx.transaction() as session:
             store.publish_schedule(session, job.key, status, outcome.schedule, outcome.kernels,
                                    outcome.timings)
@@ -208,11 +207,10 @@ class Worker:
                 store.add_measurements(session, job.key, job.id, self.id, outcome.measurements)
             if stage == "build" and target_json["device_type"] != "cpu" and \
                     self.ctx.gpu_serves(session, queue_class):
-                tuner_next = store.hand_to_tuner(session, job, self.id)
+                if store.hand_to_tuner(session, job, self.id):
+                    store.enqueue_after_commit(session, "tune", queue_class, job.id)
             else:
                 store.finish(session, job, self.id, outcome.note)
-        if tuner_next:
-            self.ctx.queue.enqueue(tune_stream(queue_class), job.id)
         self.ctx.queue.ack(delivery)
         self.processed += 1
         self._finished(job, stage, "done", started)

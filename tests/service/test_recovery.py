@@ -107,3 +107,43 @@ def test_a_worker_whose_heartbeat_resumes_is_running_again(pg_ctx: ServiceContex
         time.sleep(0.5)
         with pg_ctx.transaction() as session:
             assert session.get(WorkerRow, "w").status == "running"
+
+
+def _flaky(calls: list[int]):
+    """A build stand-in that fails its first call (a retry) and then succeeds."""
+    def build(wire: str, target: dict, numel: int):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("transient build failure")
+        return _ok(wire, target, numel)
+    return build
+
+
+@pytest.mark.parametrize("path", ["hand_to_tuner", "retry"])
+def test_a_worker_whose_enqueue_fails_marks_the_job_for_recovery(blip_ctx: ServiceContext,
+                                                                  path: str) -> None:
+    """A job the worker puts back on the queue (handed to the tuner, or retried after a failed
+    attempt) while Redis is down is marked, and the next recovery pass enqueues it at once."""
+    gpu = path == "hand_to_tuner"
+    with blip_ctx.transaction() as session:
+        if gpu:  # a live GPU worker serves the target, so the build hands the job on
+            session.add(WorkerRow(id="gpu-0", device="cuda:0", queue_class="cuda-sm_90",
+                                  status="running", heartbeat_at=utcnow()))
+        sub = fake_submission(arch="sm_90", name="NVIDIA H200") if gpu else fake_submission()
+        _entry, job, _new = store.submit(session, sub)
+    blip_ctx.enqueue_job(job.id)
+    worker = Worker(blip_ctx, build=_ok if gpu else _flaky([]), block_s=0.05)
+    delivery = blip_ctx.queue.claim([BUILD_STREAM], worker.id, 0.1)
+    blip_ctx.queue.down = True
+    worker._handle(delivery)  # what run() does with one delivery
+    with blip_ctx.transaction() as session:
+        row = session.get(JobRow, job.id)
+        assert (row.status, row.stage, row.needs_enqueue) == (
+            "queued", "tune" if gpu else "build", True)
+    blip_ctx.queue.down = False
+    stream = "tune:cuda-sm_90" if gpu else BUILD_STREAM
+    assert blip_ctx.queue.claim([stream], "w", 0.05) is None  # the enqueue was lost
+    assert blip_ctx.recover() == 1  # not stale by the 5-lease rule: the mark brings it back
+    assert blip_ctx.queue.claim([stream], "w", 0.05).job_id == job.id
+    with blip_ctx.transaction() as session:
+        assert session.get(JobRow, job.id).needs_enqueue is False
