@@ -11,11 +11,10 @@ winner, so tuning time grows with the distinct kernels, not with depth.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.records import Candidate, Measurement
@@ -129,14 +128,15 @@ def default_device(target: Any) -> str:
 
 
 def _paired_times(
-    runner: Any, tuned: dict[str, Any], base: dict[str, Any], first_heuristic: dict[str, Any]
+    runner: Any, tuned: Any, base: Any, first_heuristic: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Whole-graph times of the tuned and the heuristic schedule, taken back to back twice
-    (tuned, heuristic, tuned, heuristic) and each the faster of its two: whole-graph times
-    drift between the start and the end of a tuning run, so only neighbours compare."""
-    if tuned["kernels"] == base["kernels"]:
-        return runner.time_graph(tuned), first_heuristic
-    runs = [runner.time_graph(s) for s in (tuned, base, tuned, base)]
+    """Whole-graph times of the tuned and the heuristic schedule (`compiler.Schedule`s),
+    taken back to back twice (tuned, heuristic, tuned, heuristic) and each the faster of its
+    two: whole-graph times drift between the start and the end of a tuning run, so only
+    neighbours compare."""
+    if tuned.kernels == base.kernels:
+        return runner.time_graph(tuned.to_json()), first_heuristic
+    runs = [runner.time_graph(s.to_json()) for s in (tuned, base, tuned, base)]
 
     def best(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         if a.get("ms") is None or a.get("error"):
@@ -177,7 +177,7 @@ def tune(
     if not isinstance(graph, compiler.Graph):
         graph = compiler.from_wire(graph)
     graph_json = graph.to_json()
-    base = compiler.heuristic_schedule(graph, target).to_json()
+    base = compiler.heuristic_schedule(graph, target)
     own_runner = runner is None
     runner = runner or Runner(device or default_device(target), timeout_s=timeout_s)
     try:
@@ -192,7 +192,7 @@ def tune(
 def _tune_loaded(
     graph_json: dict[str, Any],
     target: Any,
-    base: dict[str, Any],
+    base: Any,
     budget: Budget,
     runner: Runner,
     seed: int,
@@ -202,10 +202,13 @@ def _tune_loaded(
 ) -> TuningResult:
     import compiler
 
-    loaded = runner.load(graph_json, base, seed) or {}
-    starts = [Candidate.of_kernel(k) for k in base["kernels"]]
+    # The heuristic `compiler.Schedule`; its JSON goes to the child and the search spaces.
+    base_json = base.to_json()
+    kernels = base_json["kernels"]
+    loaded = runner.load(graph_json, base_json, seed) or {}
+    starts = [Candidate.of_kernel(k) for k in kernels]
     # Twins (the same kernel in each repeated layer) are searched once, through their first.
-    leader = _leaders(base["kernels"], loaded.get("twins") or {})
+    leader = _leaders(kernels, loaded.get("twins") or {})
     leads = [i for i, j in enumerate(leader) if i == j]
     copies = [leader.count(i) for i in range(len(leader))]
     if hasattr(runner, "prepare"):
@@ -215,13 +218,12 @@ def _tune_loaded(
         errors.append(f"heuristic build vs the aten graph: {loaded['heuristic_miss']}; candidates "
                       "are judged against the heuristic build where it misses")
     eager = runner.time_graph(None)
-    heuristic = runner.time_graph(base)
+    heuristic = runner.time_graph(base_json)
     for label, reply in (("eager", eager), ("heuristic", heuristic)):
         if reply.get("error"):
             errors.append(f"{label}: {reply['error']}")
     clock = BudgetClock(budget)
-    tuned = copy.deepcopy(base)
-    kernels = tuned["kernels"]
+    tuned = base
     searches: dict[int, KernelSearch] = {}
     pruned: dict[int, int] = {}
     # Phase 1: every distinct kernel's heuristic point, timed once: the baseline and weights.
@@ -270,11 +272,11 @@ def _tune_loaded(
         chosen = winner.candidate if winner is not None else search.start
         chosen = Candidate(kernel["name"], chosen.variant, chosen.config_items)
         if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
-            kernel["variant"] = chosen.variant
-            if chosen.variant != "aten":
-                kernel["config"] = chosen.config
+            config = {} if chosen.variant == "aten" else {"config": chosen.config}
             # a twin's source is its leader's; the final build fills (and checks) it
-            kernel["source_hash"] = winner.extra.get("source_hash") if winner else None
+            tuned = tuned.with_kernel(
+                kernel["name"], variant=chosen.variant,
+                source_hash=winner.extra.get("source_hash") if winner else None, **config)
         kernel_results.append(
             KernelResult(
                 name=kernel["name"],
@@ -292,13 +294,13 @@ def _tune_loaded(
         )
     if progress:
         progress(2 * len(leads), 2 * len(leads), "")
-    tuned["status"] = "tuned"
+    tuned = replace(tuned, status="tuned")
     final, heuristic = _paired_times(runner, tuned, base, heuristic)
     if final.get("error") or final.get("ms") is None:
         errors.append(f"tuned schedule: {final.get('error')}; keeping the heuristic configs")
         final = heuristic
-        tuned = copy.deepcopy(base)
-    elif tuned["kernels"] != base["kernels"] and heuristic.get("ms") and \
+        tuned = base
+    elif tuned.kernels != base.kernels and heuristic.get("ms") and \
             final["ms"] > heuristic["ms"] * (1 + REGRESSION_MARGIN):
         # Kernels won in isolation but the whole graph got slower: trust the whole graph.
         errors.append(
@@ -306,11 +308,11 @@ def _tune_loaded(
             "keeping the heuristic configs"
         )
         final = heuristic
-        tuned = copy.deepcopy(base)
-    schedule_json = copy.deepcopy(final.get("schedule") or tuned)
-    schedule_json["status"] = "tuned"
+        tuned = base
+    # The child's copy has every source hash filled in; JSON only across that boundary.
+    schedule = compiler.Schedule.from_json(final["schedule"]) if final.get("schedule") else tuned
     return TuningResult(
-        schedule=compiler.Schedule.from_json(schedule_json),
+        schedule=replace(schedule, status="tuned"),
         measurements=[m.to_json() for m in measurements],
         eager_ms=eager.get("ms"),
         heuristic_ms=heuristic.get("ms"),

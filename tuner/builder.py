@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # Exceptions that condemn the candidate itself (Triton could not compile or fit it).
 VERDICT_ERRORS = ("CompilationError", "OutOfResources", "PTXASError", "MLIRCompilationError")
 
-_graphs: dict[str, tuple[Any, dict]] = {}  # key -> (compiler.Graph, base schedule), per worker
+_graphs: dict[str, tuple[Any, Any]] = {}  # key -> (compiler.Graph, compiler.Schedule), per worker
 
 
 def _init_worker(device: str) -> None:
@@ -64,12 +64,12 @@ def _compile_one(
 
     if key not in _graphs:
         _graphs.clear()
-        _graphs[key] = (compiler.from_wire(loaded[0]), loaded[1])
+        _graphs[key] = (compiler.from_wire(loaded[0]), compiler.Schedule.from_json(loaded[1]))
     graph, base = _graphs[key]
     cand = Candidate.from_json(cand_json)
     target = compiler.Target.from_json(target_json)
     try:
-        built = compiler.build(graph, compiler.Schedule.from_json(schedule_with(base, cand)))
+        built = compiler.build(graph, schedule_with(base, cand))
     except Exception as exc:
         return {"error": classify(exc, "build")}
     try:

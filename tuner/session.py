@@ -1,15 +1,15 @@
 """What the runner's child process does: build, verify and time candidates of one graph.
 
 A `TrialSession` holds one graph on one device: the reference (seeded inputs and the aten
-graph's outputs) and the base schedule. Each candidate is the base schedule with one
-kernel's variant and config replaced; it is built, checked against the reference, then
+graph's outputs) and the base schedule (a `compiler.Schedule`; JSON only in the requests).
+Each candidate is the base schedule with one kernel's variant and config replaced
+(`Schedule.with_kernel`); it is built, checked against the reference, then
 timed, either alone (`built.kernel_calls`, relaunching that kernel on the same buffers) or
 as the whole graph. Every failure comes back as a measurement dict with a reason.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 import traceback
@@ -55,7 +55,7 @@ class TrialSession:
         self.device = device
         self.graph: Any = None
         self.reference: Reference | None = None
-        self.base: dict[str, Any] | None = None
+        self.base: Any = None  # compiler.Schedule
         self._builds: OrderedDict[str, Any] = OrderedDict()
 
     # -- requests ---------------------------------------------------------------------------
@@ -66,7 +66,7 @@ class TrialSession:
 
         self.graph = compiler.from_wire(graph_json)
         self.reference = Reference.compute(self.graph, seed=seed, device=self.device)
-        self.base = copy.deepcopy(schedule_json)
+        self.base = compiler.Schedule.from_json(schedule_json)
         self._builds.clear()
         built = None
         try:
@@ -129,13 +129,15 @@ class TrialSession:
         """Whole-graph time: eager (the aten graph) when `schedule_json` is None, else built."""
         import torch
 
+        import compiler
+
         ref = self.reference
         try:
             if schedule_json is None:
                 module = self.graph.to_fx().to(ref.device)
                 run = module
             else:
-                run = self._build(schedule_json)
+                run = self._build(compiler.Schedule.from_json(schedule_json))
                 reason = ref.check(run)
                 if reason is not None:
                     return {"ms": None, "error": f"{records.WRONG_ANSWER}: {reason}"}
@@ -157,10 +159,10 @@ class TrialSession:
         return reply
 
     # -- helpers ----------------------------------------------------------------------------
-    def _build(self, schedule_json: dict[str, Any]) -> Any:
+    def _build(self, schedule: Any) -> Any:
         import compiler
 
-        return compiler.build(self.graph, compiler.Schedule.from_json(schedule_json))
+        return compiler.build(self.graph, schedule)
 
     def _remember(self, key: str, built: Any) -> None:
         self._builds[key] = built
@@ -190,20 +192,14 @@ class TrialSession:
         return time_fn(whole, self.device, fidelity), "graph"
 
 
-def schedule_with(base: dict[str, Any], cand: records.Candidate) -> dict[str, Any]:
-    """A copy of schedule JSON `base` with the candidate's kernel set to its variant and
+def schedule_with(base: Any, cand: records.Candidate) -> Any:
+    """`base` (a `compiler.Schedule`) with the candidate's kernel set to its variant and
     config (an `aten` matmul keeps its config) and that kernel's source hash cleared."""
-    sched = copy.deepcopy(base)
-    for kernel in sched["kernels"]:
-        if kernel["name"] == cand.kernel:
-            kernel["variant"] = cand.variant
-            kernel["config"] = cand.config if cand.variant != "aten" else kernel["config"]
-            kernel["source_hash"] = None
-            return sched
-    raise KeyError(f"kernel {cand.kernel!r} is not in the schedule")
+    config = {} if cand.variant == "aten" else {"config": cand.config}
+    return base.with_kernel(cand.kernel, variant=cand.variant, source_hash=None, **config)
 
 
-def twin_keys(graph: Any, base: dict[str, Any], built: Any) -> dict[str, str]:
+def twin_keys(graph: Any, base: Any, built: Any) -> dict[str, str]:
     """Kernel name -> twin key: kernels with one key are the same kernel at other places in
     the graph (a model's repeated layers), so every candidate builds and times the same for
     each, and one search serves them all.
@@ -214,19 +210,19 @@ def twin_keys(graph: Any, base: dict[str, Any], built: Any) -> dict[str, str]:
     about the matmul, so the key takes that kernel's Triton-template source instead."""
     import compiler
 
-    probe = copy.deepcopy(base)
-    for kernel in probe["kernels"]:
-        if kernel["variant"] == "aten":
-            kernel["variant"], kernel["source_hash"] = "triton", None
+    probe = base
+    for kernel in base.kernels:
+        if kernel.variant == "aten":
+            probe = probe.with_kernel(kernel.name, variant="triton", source_hash=None)
     if probe != base:
-        built = compiler.build(graph, compiler.Schedule.from_json(probe))
+        built = compiler.build(graph, probe)
     args = {launch.kernel: [str(d) for d in launch.arg_dtypes] for launch in built.launches()}
     keys = {}
-    for kernel, entry in zip(built.kernels, base["kernels"], strict=True):
-        ident = {"source": kernel.source_hash, "args": args.get(kernel.name), "kind": entry["kind"],
-                 "variant": entry["variant"], "config": entry["config"], "sizes": entry["sizes"],
-                 "dtype": entry["dtype"]}
-        keys[entry["name"]] = hashlib.sha256(records.canonical(ident).encode()).hexdigest()
+    for kernel, entry in zip(built.kernels, base.kernels, strict=True):
+        ident = {"source": kernel.source_hash, "args": args.get(kernel.name), "kind": entry.kind,
+                 "variant": entry.variant, "config": entry.config, "sizes": entry.sizes,
+                 "dtype": entry.dtype}
+        keys[entry.name] = hashlib.sha256(records.canonical(ident).encode()).hexdigest()
     return keys
 
 

@@ -39,7 +39,8 @@ def _gpt_train_fwd(layers: int):
 def _keys(graph, base: dict) -> dict[str, str]:
     import compiler
 
-    return twin_keys(graph, base, compiler.build(graph, compiler.Schedule.from_json(base)))
+    schedule = compiler.Schedule.from_json(base)
+    return twin_keys(graph, schedule, compiler.build(graph, schedule))
 
 
 class TwinAwareFake(FakeGraphRunner):
