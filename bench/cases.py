@@ -8,12 +8,12 @@ take their models from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 
 
 class SeedMLP(nn.Module):
@@ -206,3 +206,22 @@ def case(name: str, scale: str = "full", rms_fp32: bool = False) -> BenchCase:
         if found.name == name:
             return found
     raise ValueError(f"unknown case {name!r}; choose from {', '.join(CASE_NAMES)}")
+
+
+def traced_graphs(scale: str) -> Iterator[tuple[str, fx.GraphModule, list[torch.Tensor]]]:
+    """Every case's aten graphs at `scale` on the CPU (seeded), as (name, graph, inputs):
+    `<case>` for an inference case, `<case>.fwd` and `<case>.bwd` for a training one."""
+    from compiler.tracing import trace_inference, trace_training
+
+    for case in cases(scale=scale):
+        torch.manual_seed(0)
+        module, inputs = case.make(torch.device("cpu"))
+        if case.train:
+            for p in module.parameters():
+                p.requires_grad_(True)
+            fwd, bwd, fi, bi = trace_training(module, inputs)
+            yield f"{case.name}.fwd", fwd, fi
+            yield f"{case.name}.bwd", bwd, bi
+        else:
+            gm, gi = trace_inference(module.eval(), inputs)
+            yield case.name, gm, gi

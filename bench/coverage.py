@@ -42,28 +42,16 @@ def count(program: Program) -> Counter[tuple[str, str]]:
 
 
 def _graphs(suites: list[str]) -> Iterator[tuple[str, fx.GraphModule, list[torch.Tensor]]]:
-    from compiler.tracing import trace_inference, trace_training
-
     if "corpus" in suites:  # bench/ runs from the repository root, beside tests/
         from tests.corpus import corpus
 
         for case in corpus():
             yield f"corpus/{case.name}", case.gm, case.example_inputs
     if "bench" in suites:
-        from bench.cases import cases
+        from bench.cases import traced_graphs
 
-        for case in cases(small=True):
-            torch.manual_seed(0)
-            module, inputs = case.make(torch.device("cpu"))
-            if case.train:
-                for p in module.parameters():
-                    p.requires_grad_(True)
-                fwd, bwd, fi, bi = trace_training(module, inputs)
-                yield f"bench/{case.name}.fwd", fwd, fi
-                yield f"bench/{case.name}.bwd", bwd, bi
-            else:
-                gm, gi = trace_inference(module.eval(), inputs)
-                yield f"bench/{case.name}", gm, gi
+        for name, gm, inputs in traced_graphs("small"):
+            yield f"bench/{name}", gm, inputs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import kiln
 from examples.models import SeedMLP
 from kiln import backend
 from kiln.cache import ScheduleCache
+from kiln.compiled import CompiledGraph
 from tests.kiln.fake_http import FakeServer, json_reply
 from tests.kiln.helpers import (
     assert_close_losses,
@@ -235,6 +236,19 @@ def test_wait_mode_gives_up_at_its_timeout_then_swaps_in_the_tuned_schedule(kiln
     assert kiln.stats()["swaps"] == 1
 
 
+def _first_call() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, CompiledGraph]:
+    """The narrow seed MLP compiled with kiln and called once without grad, checked against
+    eager: (compiled module, input, eager output, its one graph)."""
+    model = SeedMLP(16, 32, 10).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        want = model(x)
+        compiled = torch.compile(model, backend="kiln")
+        torch.testing.assert_close(compiled(x), want)
+    (graph,) = backend.compiled_graphs()
+    return compiled, x, want, graph
+
+
 def test_async_mode_starts_at_once_and_swaps_the_tuned_schedule_in_between_calls(
         kiln_warnings):
     # One calling thread: the Triton interpreter (CPU) cannot run kernels from two threads
@@ -242,14 +256,9 @@ def test_async_mode_starts_at_once_and_swaps_the_tuned_schedule_in_between_calls
     service = TunedLater(pending_polls=4)
     with FakeServer(service) as srv:
         kiln.configure(url=srv.url, mode="async", poll_interval=0.05)
-        model = SeedMLP(16, 32, 10).eval()
-        x = torch.randn(4, 16)
+        compiled, x, want, graph = _first_call()
+        assert graph.level == "heuristic" and graph.origin == "local"
         with torch.no_grad():
-            want = model(x)
-            compiled = torch.compile(model, backend="kiln")
-            torch.testing.assert_close(compiled(x), want)
-            (graph,) = backend.compiled_graphs()
-            assert graph.level == "heuristic" and graph.origin == "local"
             calls = 0
             deadline = time.monotonic() + 60
             while graph.level != "tuned" and time.monotonic() < deadline:
@@ -267,14 +276,9 @@ def test_a_service_that_comes_back_later_gets_the_graph_and_its_tuned_schedule_s
         kiln_warnings):
     port = free_port()
     kiln.configure(url=f"http://127.0.0.1:{port}", mode="async", poll_interval=0.05)
-    model = SeedMLP(16, 32, 10).eval()
-    x = torch.randn(4, 16)
+    compiled, x, want, graph = _first_call()
+    assert graph.level == "heuristic"  # service down: local heuristic
     with torch.no_grad():
-        want = model(x)
-        compiled = torch.compile(model, backend="kiln")
-        torch.testing.assert_close(compiled(x), want)  # service down: local heuristic
-        (graph,) = backend.compiled_graphs()
-        assert graph.level == "heuristic"
         service = TunedLater(pending_polls=0)
         with FakeServer(service, port=port):
             deadline = time.monotonic() + 60
@@ -323,16 +327,11 @@ def test_a_forgotten_graph_is_submitted_again_and_its_finished_job_brings_the_sc
     service = ForgetsOnce()
     with FakeServer(service) as srv:
         kiln.configure(url=srv.url, mode=mode, poll_interval=0.05, wait_timeout=30)
-        model = SeedMLP(16, 32, 10).eval()
-        x = torch.randn(4, 16)
+        compiled, x, want, graph = _first_call()
+        deadline = time.monotonic() + 60  # async: the poller swaps it in
+        while graph.level != "tuned" and time.monotonic() < deadline:
+            time.sleep(0.05)
         with torch.no_grad():
-            want = model(x)
-            compiled = torch.compile(model, backend="kiln")
-            torch.testing.assert_close(compiled(x), want)
-            (graph,) = backend.compiled_graphs()
-            deadline = time.monotonic() + 60  # async: the poller swaps it in
-            while graph.level != "tuned" and time.monotonic() < deadline:
-                time.sleep(0.05)
             torch.testing.assert_close(compiled(x), want)
         backend.shutdown()
     assert (graph.level, graph.origin) == ("tuned", "service")
