@@ -304,7 +304,8 @@ def cmd_db_prune(args: argparse.Namespace) -> int:
     from service.retention import Policy, prune
 
     given = {name: getattr(args, name) for name in ("events_days", "measurements_days",
-                                                    "counters_days", "workers_days")}
+                                                    "counters_days", "workers_days",
+                                                    "wire_days")}
     policy = Policy(**{name: days for name, days in given.items() if days is not None})
     ctx = ServiceContext(_settings())
     try:
@@ -437,13 +438,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("revision", nargs="?", default="head")
     up.set_defaults(func=cmd_db_upgrade)
     prune = db_sub.add_parser("prune", help="delete old events, superseded measurements, "
-                              "counters, dead workers and expired sessions")
+                              "counters, dead workers, expired sessions and, if asked, "
+                              "unused graph bodies")
     for name, what, days in (("events", "status history of finished jobs", 30),
                              ("measurements", "measurements of superseded tuning passes", 30),
                              ("counters", "per-minute hit and miss counters", 90),
                              ("workers", "stopped and dead workers", 7)):
         prune.add_argument(f"--{name}-days", type=float, metavar="N",
                            help=f"keep {what} for N days (default {days}: service.retention)")
+    prune.add_argument("--wire-days", type=float, metavar="N",
+                       help="also drop the stored wire form of graphs whose entries were "
+                       "unused for N days (off unless given; a resubmission stores it again)")
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     prune.set_defaults(func=cmd_db_prune)
 

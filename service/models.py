@@ -56,7 +56,9 @@ class GraphRow(Base):
     __tablename__ = "graphs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     graph_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    wire: Mapped[str] = mapped_column(Text)  # canonical kiln.graph/1 JSON text
+    # Canonical kiln.graph/1 JSON text; None once `kiln db prune --wire-days` dropped it (the
+    # graph's entries went unused); a resubmission of the graph stores it again.
+    wire: Mapped[str | None] = mapped_column(Text, nullable=True)
     op_summary: Mapped[dict] = mapped_column(JSON)
     num_nodes: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

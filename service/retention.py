@@ -9,7 +9,12 @@ of each entry's latest tuning pass. Deleted when older than the policy says:
   taken;
 - per-minute hit and miss counters, `counters_days` after their minute;
 - workers stopped or dead for `workers_days`;
-- dashboard sessions that have expired (at once).
+- dashboard sessions that have expired (at once);
+- only when `wire_days` is given: the stored wire form (the body, up to the wire size limit)
+  of graphs whose every entry went unused (no hit, no change) for `wire_days` and has no job
+  in flight. The graph row, its entries and their schedules stay and keep serving; a job that
+  needs the body (a re-tune) fails asking for the graph again, and a resubmission of the
+  graph stores the body again and reruns such jobs (service/store.py).
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from service.models import (
     DashboardSessionRow,
+    GraphRow,
     JobEventRow,
     JobRow,
     LookupCountRow,
@@ -40,6 +46,7 @@ class Policy:
     measurements_days: float = 30.0
     counters_days: float = 90.0
     workers_days: float = 7.0
+    wire_days: float | None = None  # None: graph bodies are kept
 
 
 def prune(session: Session, policy: Policy = Policy(), dry_run: bool = False) -> dict[str, int]:
@@ -77,4 +84,21 @@ def prune(session: Session, policy: Policy = Policy(), dry_run: bool = False) ->
         else:
             counts[name] = session.execute(delete(model).where(where)
                                            .execution_options(synchronize_session=False)).rowcount
+    if policy.wire_days is not None:
+        counts["graph_bodies"] = _drop_unused_wire(session, before(policy.wire_days), dry_run)
     return counts
+
+
+def _drop_unused_wire(session: Session, cutoff: object, dry_run: bool) -> int:
+    """Set graphs.wire to NULL where no entry of the graph was used or changed since
+    `cutoff` and none has a job queued or running; the count of graphs (to be) emptied."""
+    of_graph = ScheduleRow.graph_hash == GraphRow.graph_hash
+    recent = exists().where(of_graph, (ScheduleRow.updated_at >= cutoff)
+                            | (ScheduleRow.last_used_at >= cutoff))
+    in_flight = exists().where(of_graph, JobRow.key == ScheduleRow.key,
+                               JobRow.status.in_(("queued", "running")))
+    where = GraphRow.wire.is_not(None) & (GraphRow.created_at < cutoff) & ~recent & ~in_flight
+    if dry_run:
+        return session.scalar(select(func.count()).select_from(GraphRow).where(where)) or 0
+    return session.execute(update(GraphRow).where(where).values(wire=None)
+                           .execution_options(synchronize_session=False)).rowcount

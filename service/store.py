@@ -28,6 +28,10 @@ from service.queue.base import BUILD_STREAM, tune_stream
 READY = ("heuristic", "tuned")
 MISS_REASONS = ("unknown_graph", "other_gpu", "other_versions", "other_compiler")
 AFTER_COMMIT = "kiln_enqueue_after_commit"
+# The error of a job whose graph had no stored wire form; a resubmission queues it again.
+WIRE_PRUNED = ("the graph's stored wire form was pruned (kiln db prune --wire-days) after its "
+               "entries went unused; submit the graph again (run the model with the kiln "
+               "backend) and this job runs again")
 
 
 def stream_name(stage: str, queue_class: str) -> str:
@@ -79,7 +83,7 @@ def submit(session: Session, sub: Submission) -> tuple[ScheduleRow, JobRow, bool
     """Record a submission; returns (entry, job, enqueue). Exactly one concurrent caller per
     key gets enqueue=True: the unique constraints on graphs, schedules and jobs decide."""
     now = utcnow()
-    insert_ignore(session, GraphRow.__table__, dict(
+    known_graph = not insert_ignore(session, GraphRow.__table__, dict(
         graph_hash=sub.graph_hash, wire=sub.wire, op_summary=sub.op_summary,
         num_nodes=sub.num_nodes, created_at=now))
     t = sub.target
@@ -104,6 +108,8 @@ def submit(session: Session, sub: Submission) -> tuple[ScheduleRow, JobRow, bool
         if reset:
             requeue(session, job, "build", "resubmitted after invalidation")
             enqueue = True
+    if known_graph:
+        restore_wire(session, sub)  # after the reset above, so a job is queued once
     entry = schedule_by_key(session, sub.key)
     assert entry is not None
     session.refresh(entry)
@@ -111,6 +117,25 @@ def submit(session: Session, sub: Submission) -> tuple[ScheduleRow, JobRow, bool
     if not enqueue and job.status == "queued" and job.needs_enqueue:
         enqueue = True  # its first enqueue failed: this submission puts it on the queue
     return entry, job, enqueue
+
+
+def restore_wire(session: Session, sub: Submission) -> None:
+    """Store the wire form of a known graph again if retention dropped it, and queue again
+    the jobs of its entries that failed for want of it."""
+    if not session.execute(update(GraphRow).where(
+            GraphRow.graph_hash == sub.graph_hash, GraphRow.wire.is_(None))
+            .values(wire=sub.wire)).rowcount:
+        return
+    stranded = session.execute(
+        select(JobRow, ScheduleRow.queue_class).join(ScheduleRow, ScheduleRow.key == JobRow.key)
+        .where(ScheduleRow.graph_hash == sub.graph_hash, JobRow.status == "failed",
+               JobRow.error == WIRE_PRUNED)).all()
+    for job, queue_class in stranded:
+        session.execute(update(ScheduleRow).where(ScheduleRow.key == job.key,
+                                                  ScheduleRow.status == "failed")
+                        .values(status="pending", updated_at=utcnow()))
+        requeue(session, job, job.stage, "graph submitted again: its wire form is back")
+        enqueue_after_commit(session, job.stage, queue_class, job.id)
 
 
 def add_job_owner(session: Session, job_id: int, owner: str) -> None:

@@ -146,6 +146,9 @@ class Worker:
                         select(GraphRow.wire, ScheduleRow)
                         .join(ScheduleRow, ScheduleRow.graph_hash == GraphRow.graph_hash)
                         .where(ScheduleRow.key == job.key)).one()
+                    if wire is None:  # dropped by `kiln db prune --wire-days`
+                        store.finish_failed(session, job, self.id, store.WIRE_PRUNED)
+                        job = None
                     queue_class = entry.queue_class
                     target_json = {"device_type": entry.device_type, "arch": entry.arch,
                                    "name": entry.device_name, "torch": entry.torch_version,
@@ -155,7 +158,7 @@ class Worker:
             log.exception("claiming job %s failed; the message stays for a retry", delivery.job_id)
             self._stop.wait(1.0)
             return
-        if job is None:  # finished, held by a live worker, or out of attempts
+        if job is None:  # finished, held by a live worker, out of attempts, or no graph body
             self.ctx.queue.ack(delivery)
             return
         with self._lock:

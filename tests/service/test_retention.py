@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -22,12 +23,13 @@ from service.models import (
     JobRow,
     LookupCountRow,
     MeasurementRow,
+    ScheduleRow,
     WorkerRow,
     utcnow,
 )
 from service.retention import Policy, prune
 from service.settings import Settings
-from tests.service.helpers import fake_submission
+from tests.service.helpers import fake_submission, job_dict
 
 
 def _count(session, model) -> int:
@@ -116,4 +118,103 @@ def test_prune_help_states_the_policy_defaults() -> None:
     text = db._subparsers._group_actions[0].choices["prune"].format_help()
     stated = {f"{m.group(1)}_days": float(m.group(2))
               for m in re.finditer(r"--(\w+)-days N.*?\(default (\d+)", text, re.S)}
-    assert stated == asdict(Policy())
+    assert stated == {name: days for name, days in asdict(Policy()).items() if days is not None}
+    assert Policy().wire_days is None and "--wire-days N" in text  # graph bodies: off by default
+
+
+def _entry(ctx: ServiceContext, graph_hash: str, job_status: str = "done", used_days: float = 100,
+           changed_days: float = 100, arch: str = "cpu") -> str:
+    """An entry of `graph_hash` last changed and last used so many days ago."""
+    with ctx.transaction() as session:
+        _e, job, _ = store.submit(session, fake_submission(graph_hash, arch=arch, name=arch))
+        session.query(JobRow).filter(JobRow.id == job.id).update({"status": job_status})
+        session.query(ScheduleRow).filter(ScheduleRow.key == job.key).update({
+            "updated_at": utcnow() - timedelta(days=changed_days),
+            "last_used_at": utcnow() - timedelta(days=used_days)})
+        session.query(GraphRow).update({"created_at": utcnow() - timedelta(days=200)})
+        return job.key
+
+
+def test_prune_drops_only_the_bodies_of_graphs_unused_for_the_given_days(
+        any_ctx: ServiceContext) -> None:
+    ctx = any_ctx
+    graphs = {name: name[0] * 64 for name in ("unused", "hit", "changed", "mixed", "busy")}
+    _entry(ctx, graphs["unused"])
+    _entry(ctx, graphs["hit"], used_days=3)
+    _entry(ctx, graphs["changed"], changed_days=3)
+    _entry(ctx, graphs["mixed"])
+    _entry(ctx, graphs["mixed"], used_days=3, arch="sm_90")  # the same graph on a GPU: in use
+    _entry(ctx, graphs["busy"], job_status="queued")
+    with ctx.transaction() as session:
+        assert "graph_bodies" not in prune(session, Policy())  # off unless asked
+        assert prune(session, Policy(wire_days=30), dry_run=True)["graph_bodies"] == 1
+        assert session.scalar(select(func.count()).select_from(GraphRow)
+                              .where(GraphRow.wire.is_(None))) == 0
+        assert prune(session, Policy(wire_days=30))["graph_bodies"] == 1
+    with ctx.transaction() as session:
+        bodies = {g.graph_hash: g.wire for g in session.scalars(select(GraphRow))}
+        entries = _count(session, ScheduleRow)
+    assert {h for h, wire in bodies.items() if wire is None} == {graphs["unused"]}
+    assert len(bodies) == 5 and entries == 6  # rows stay; only the body goes
+    with ctx.transaction() as session:
+        assert prune(session, Policy(wire_days=30))["graph_bodies"] == 0
+        assert prune(session, Policy(wire_days=1))["graph_bodies"] == 3  # all but the busy one
+
+
+def test_a_pruned_body_fails_a_retune_until_the_graph_is_submitted_again(
+        client: Any, pg_ctx: ServiceContext) -> None:
+    """Through the API and a real worker: the entry keeps serving without its body, a
+    re-tune fails asking for the graph, and a resubmission stores the body and reruns it."""
+    from service.worker import Worker
+    from tests.service.helpers import running, wait_for, wire_body
+    from tests.service.test_worker import _ok
+
+    body = wire_body()
+    first = client.post("/v1/graphs", json=body)
+    key, job_id = first.json()["key"], first.json()["job_id"]
+    built = []  # the wire texts the worker was given
+
+    def build(wire: str, target: dict, numel: int) -> Any:
+        built.append(wire)
+        return _ok(wire, target, numel)
+
+    with running(Worker(pg_ctx, build=build, block_s=0.1)):
+        wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "done", 20)
+        with pg_ctx.transaction() as session:
+            original = session.scalars(select(GraphRow.wire)).one()
+            session.query(ScheduleRow).update({"updated_at": utcnow() - timedelta(days=60)})
+            session.query(GraphRow).update({"created_at": utcnow() - timedelta(days=60)})
+            assert prune(session, Policy(wire_days=30))["graph_bodies"] == 1
+        assert client.get(f"/v1/schedules/{key}").status_code == 200  # still serves
+
+        retune = client.post(f"/v1/admin/entries/{key}/retune",
+                             headers={"Authorization": "Bearer admin-secret"})
+        assert retune.status_code == 202, retune.text
+        wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "failed", 20)
+        assert job_dict(pg_ctx, job_id)["error"] == store.WIRE_PRUNED
+        assert "submit the graph again" in store.WIRE_PRUNED and len(built) == 1
+        assert client.get(f"/v1/schedules/{key}").status_code == 200  # the schedule stays
+
+        again = client.post("/v1/graphs", json=body)
+        assert again.status_code in (200, 202) and again.json()["key"] == key
+        wait_for(lambda: job_dict(pg_ctx, job_id)["status"] == "done", 20)
+    with pg_ctx.transaction() as session:
+        assert session.scalars(select(GraphRow.wire)).one() == original
+    assert built == [original, original]
+    history = [e["message"] for e in job_dict(pg_ctx, job_id)["history"]]
+    assert "graph submitted again: its wire form is back" in history
+
+
+def test_resubmitting_an_invalidated_entry_restores_its_body(pg_ctx: ServiceContext) -> None:
+    from service import admin_queries
+
+    key = _entry(pg_ctx, "f" * 64, changed_days=60, used_days=60)
+    with pg_ctx.transaction() as session:
+        assert prune(session, Policy(wire_days=30))["graph_bodies"] == 1
+        admin_queries.invalidate(session, key)
+    with pg_ctx.transaction() as session:
+        _e, job, enqueue = store.submit(session, fake_submission("f" * 64))
+        assert enqueue and job.status == "queued" and job.stage == "build"
+        assert session.scalars(select(GraphRow.wire)).one() == fake_submission().wire
+    history = [e["message"] for e in job_dict(pg_ctx, job.id)["history"]]
+    assert history[-1] == "resubmitted after invalidation" and history.count(history[-1]) == 1

@@ -33,6 +33,7 @@ def _record(ctx: ServiceContext, sub: Submission, owner: str | None) -> tuple[in
     with ctx.transaction() as session:
         entry = store.schedule_by_key(session, sub.key)
         if entry is not None and entry.status in store.READY:
+            store.restore_wire(session, sub)  # if retention dropped it
             job = store.job_by_key(session, sub.key)
             if job is not None and owner is not None:
                 store.add_job_owner(session, job.id, owner)
