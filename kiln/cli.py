@@ -250,10 +250,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 def cmd_token_list(args: argparse.Namespace) -> int:
     """List the stored tokens (id, role, name, created, revoked); never a token itself."""
-    from sqlalchemy import select
-
     from service.context import ServiceContext
-    from service.models import TokenRow
+    from service.store import tokens
     from tuner.report import table
 
     ctx = ServiceContext(_settings())
@@ -261,7 +259,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
         with ctx.transaction() as session:
             rows = [[str(t.id), t.role, t.name or "-", t.created_at.strftime("%Y-%m-%d %H:%M"),
                      "revoked" if t.revoked else "active"]
-                    for t in session.scalars(select(TokenRow).order_by(TokenRow.id))]
+                    for t in tokens.list_tokens(session)]
     finally:
         ctx.close()
     print(table(["id", "role", "name", "created (UTC)", "state"], rows) if rows else
@@ -272,16 +270,14 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     """Revoke a token by its id (`kiln token list`); the API stops accepting it within 30 s."""
     from service.context import ServiceContext
-    from service.models import TokenRow
+    from service.store import tokens
 
     ctx = ServiceContext(_settings())
     try:
         with ctx.transaction() as session:
-            row = session.get(TokenRow, args.id)
-            if row is None:
+            if not tokens.revoke_token(session, args.id):
                 raise SystemExit(f"kiln token revoke: no token with id {args.id} "
                                  "(see `kiln token list`)")
-            row.revoked = True
     finally:
         ctx.close()
     print(f"kiln: token {args.id} revoked")
@@ -299,9 +295,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_db_prune(args: argparse.Namespace) -> int:
-    """Delete old records as the retention policy says (service/retention.py)."""
+    """Delete old records as the retention policy says (service/store/retention.py)."""
     from service.context import ServiceContext
-    from service.retention import Policy, prune
+    from service.store.retention import Policy, prune
 
     given = {name: getattr(args, name) for name in ("events_days", "measurements_days",
                                                     "counters_days", "workers_days",
@@ -445,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
                              ("counters", "per-minute hit and miss counters", 90),
                              ("workers", "stopped and dead workers", 7)):
         prune.add_argument(f"--{name}-days", type=float, metavar="N",
-                           help=f"keep {what} for N days (default {days}: service.retention)")
+                           help=f"keep {what} for N days (default {days}: service.store.retention)")
     prune.add_argument("--wire-days", type=float, metavar="N",
                        help="also drop the stored wire form of graphs whose entries were "
                        "unused for N days (off unless given; a resubmission stores it again)")

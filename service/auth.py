@@ -9,10 +9,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from service.models import DashboardSessionRow, TokenRow, utcnow
+from service.models import utcnow
+from service.store import tokens
 
 ROLES = ("client", "admin")
 TOKEN_PREFIX = "kiln_"
@@ -52,7 +52,7 @@ def create_token(session: Session, role: str, name: str | None = None) -> str:
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     token = new_token()
-    session.add(TokenRow(token_hash=hash_token(token), role=role, name=name))
+    tokens.add_token(session, hash_token(token), role, name)
     return token
 
 
@@ -61,7 +61,7 @@ def resolve_token(session: Session, token: str, admin_token: str | None) -> str 
     digest = hash_token(token)
     if admin_token and hmac.compare_digest(digest, hash_token(admin_token)):
         return "admin"
-    row = session.scalars(select(TokenRow).where(TokenRow.token_hash == digest)).one_or_none()
+    row = tokens.token_by_hash(session, digest)
     if row is None or row.revoked:
         return None
     return row.role
@@ -81,23 +81,23 @@ def create_session(session: Session, admin_token: str, ttl_s: float = SESSION_TT
     (only its sha256 is stored, with the hash of the token that opened it)."""
     sid = secrets.token_urlsafe(32)
     now = utcnow()
-    session.add(DashboardSessionRow(id_hash=hash_token(sid), token_hash=hash_token(admin_token),
-                                    created_at=now, expires_at=now + timedelta(seconds=ttl_s)))
+    tokens.add_dashboard_session(session, hash_token(sid), hash_token(admin_token), now,
+                                 now + timedelta(seconds=ttl_s))
     return sid
 
 
 def session_is_admin(session: Session, sid: str, admin_token: str | None) -> bool:
     """True while the dashboard session `sid` exists, has not expired, and the admin token
     that opened it is still valid (the configured one, or a stored one not revoked)."""
-    row = session.get(DashboardSessionRow, hash_token(sid))
+    row = tokens.dashboard_session(session, hash_token(sid))
     if row is None or row.expires_at <= utcnow():
         return False
     if admin_token and hmac.compare_digest(row.token_hash, hash_token(admin_token)):
         return True
-    token = session.scalars(select(TokenRow).where(TokenRow.token_hash == row.token_hash)).one_or_none()
+    token = tokens.token_by_hash(session, row.token_hash)
     return token is not None and not token.revoked and token.role == "admin"
 
 
 def end_session(session: Session, sid: str) -> None:
     """Log out: the session id stops working at once, wherever the cookie was copied."""
-    session.execute(delete(DashboardSessionRow).where(DashboardSessionRow.id_hash == hash_token(sid)))
+    tokens.delete_dashboard_session(session, hash_token(sid))

@@ -6,14 +6,14 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from sqlalchemy import event, select, update
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from service import store
 from service.db import make_engine, make_sessionmaker, transaction
-from service.models import JobRow, ScheduleRow, WorkerRow, utcnow
+from service.models import utcnow
 from service.queue import JobQueue, QueueUnavailable, make_queue
 from service.settings import Settings
 
@@ -32,105 +32,66 @@ class ServiceContext:
         event.listen(self.sessions, "after_rollback", self._drop_uncommitted)
 
     def _enqueue_committed(self, session: Session) -> None:
-        # Jobs queued inside a transaction (store.enqueue_after_commit) go on the queue only
-        # once their rows are visible; an outage here is repaired by recover().
-        failed = []
-        for stream, job_id in session.info.pop(store.AFTER_COMMIT, []):
+        # The one place jobs go on the queue (store.enqueue_after_commit registered them):
+        # only once their rows are visible. A failed enqueue marks the job needs_enqueue, so a
+        # resubmission or the next recovery pass enqueues it; a success clears a mark.
+        failed, cleared, newly_failed = [], [], []
+        for stream, job_id, marked in store.take_after_commit(session):
             try:
                 self.queue.enqueue(stream, job_id)
             except QueueUnavailable as exc:
                 log.warning("could not enqueue job %s (%s); recovery will retry", job_id, exc)
                 failed.append(job_id)
-        if failed:
-            self._mark_unqueued(failed)
+                if not marked:
+                    newly_failed.append(job_id)
+                continue
+            if marked:
+                cleared.append(job_id)
+        store.note_unqueued(session, failed)
+        if newly_failed:
+            self._set_marks(newly_failed, True)
+        if cleared:
+            self._set_marks(cleared, False)
 
-    def _mark_unqueued(self, job_ids: list[int]) -> None:
-        """Remember jobs whose enqueue failed, so a resubmission or the next recovery pass
-        enqueues them (without this mark only the stale-job rule would, minutes later)."""
+    def _set_marks(self, job_ids: list[int], value: bool) -> None:
         try:
             with self.transaction() as session:
-                session.execute(update(JobRow).where(JobRow.id.in_(job_ids),
-                                                     JobRow.status == "queued")
-                                .values(needs_enqueue=True))
+                store.set_needs_enqueue(session, job_ids, value)
         except Exception as exc:  # the database is down too: the stale-job rule remains
-            log.warning("could not mark jobs %s for re-enqueue: %s", job_ids, exc)
-
-    def _mark_queued(self, job_ids: list[int]) -> None:
-        with self.transaction() as session:
-            session.execute(update(JobRow).where(JobRow.id.in_(job_ids), JobRow.needs_enqueue)
-                            .values(needs_enqueue=False))
+            log.warning("could not %s the re-enqueue mark of jobs %s: %s",
+                        "set" if value else "clear", job_ids, exc)
 
     def _drop_uncommitted(self, session: Session) -> None:
-        session.info.pop(store.AFTER_COMMIT, None)
+        store.take_after_commit(session)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """One unit of work on the database."""
+        """One unit of work on the database; jobs registered with
+        store.enqueue_after_commit go on the queue when it commits."""
         with transaction(self.sessions) as session:
             yield session
-
-    def enqueue_job(self, job_id: int) -> None:
-        """Put a job id on the stream of its current stage (after its row is committed).
-        When the queue is down the job is marked for re-enqueue and QueueUnavailable raised."""
-        with self.transaction() as session:
-            row = session.execute(
-                select(JobRow.stage, JobRow.needs_enqueue, ScheduleRow.queue_class)
-                .join(ScheduleRow, ScheduleRow.key == JobRow.key).where(JobRow.id == job_id)
-            ).one()
-        try:
-            self.queue.enqueue(store.stream_name(row.stage, row.queue_class), job_id)
-        except QueueUnavailable:
-            self._mark_unqueued([job_id])
-            raise
-        if row.needs_enqueue:
-            self._mark_queued([job_id])
 
     def recover(self, stale_after_s: float | None = None) -> int:
         """Enqueue again what the queue may have lost: every unfinished job when the queue
         came back empty (Redis restart); queued jobs whose enqueue failed, or untouched for
         too long (an enqueue lost some other way); running jobs whose lease ran out long ago
         (their worker died and no message is left to reclaim). Workers silent for a lease
-        are marked dead and their jobs queued again. Duplicates are harmless. Returns the
-        count of jobs enqueued."""
+        are marked dead and their jobs queued again. Duplicates are harmless; what fails to
+        enqueue stays marked for the next pass. Returns the count of jobs enqueued."""
         stale_after_s = stale_after_s if stale_after_s is not None else 5 * self.settings.lease_s
         silent_s = max(self.settings.lease_s, 3 * self.settings.heartbeat_s)
         lost = self.queue.lost_state()
-        now = utcnow()
         with self.transaction() as session:
-            orphans = store.bury_dead_workers(session, silent_s)
-            query = select(JobRow.id, JobRow.stage, ScheduleRow.queue_class).join(
-                ScheduleRow, ScheduleRow.key == JobRow.key)
-            if lost:
-                query = query.where(JobRow.status.in_(("queued", "running")))
-            else:
-                lease = timedelta(seconds=self.settings.lease_s)
-                query = query.where(
-                    ((JobRow.status == "queued")
-                     & (JobRow.needs_enqueue
-                        | (JobRow.updated_at < now - timedelta(seconds=stale_after_s))))
-                    # held by a worker that died after its message was lost or settled
-                    | ((JobRow.status == "running") & (JobRow.lease_until < now - lease)))
-            rows = session.execute(query.order_by(JobRow.id)).all()
-            if rows:
-                session.execute(update(JobRow).where(JobRow.id.in_([r.id for r in rows]),
-                                                     JobRow.status == "queued")
-                                .values(updated_at=now))
-        todo = {r.id: (r.stage, r.queue_class) for r in rows}
-        todo.update({job_id: (stage, qc) for job_id, stage, qc in orphans})
-        for job_id, (stage, queue_class) in sorted(todo.items()):
-            self.queue.enqueue(store.stream_name(stage, queue_class), job_id)
-        if todo:
-            self._mark_queued(sorted(todo))
-            log.info("re-enqueued %d job(s)%s", len(todo), " after the queue lost its state" if lost else "")
-        return len(todo)
-
-    def gpu_serves(self, session: Session, queue_class: str) -> bool:
-        """Whether a live GPU worker serves this target class (recent heartbeat)."""
-        window = max(3 * self.settings.heartbeat_s, 15.0)
-        since = utcnow() - timedelta(seconds=window)
-        return session.scalars(select(WorkerRow.id).where(
-            WorkerRow.queue_class == queue_class, WorkerRow.device != "cpu",
-            WorkerRow.status == "running", WorkerRow.heartbeat_at > since).limit(1)).first() is not None
+            todo = {job_id: (stage, qc) for job_id, stage, qc in store.bury_dead_workers(session, silent_s)}
+            todo.update({job_id: (stage, qc) for job_id, stage, qc in store.recoverable_jobs(
+                session, lost, stale_after_s, self.settings.lease_s)})
+            for job_id, (stage, queue_class) in sorted(todo.items()):
+                # marked=True: a mark a job may carry is cleared once it is on the queue
+                store.enqueue_after_commit(session, stage, queue_class, job_id, marked=True)
+        enqueued = len(todo) - len(store.unqueued(session))
+        if enqueued:
+            log.info("re-enqueued %d job(s)%s", enqueued, " after the queue lost its state" if lost else "")
+        return enqueued
 
     def close(self) -> None:
         """Release connections."""

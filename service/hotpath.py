@@ -1,41 +1,26 @@
 """The schedule fetch that every client start makes, kept off the ORM and the threadpool.
 
-On PostgreSQL it runs one prepared statement on a small pool of async autocommit
-connections (no BEGIN/COMMIT, no thread hop); on SQLite (the embedded default) it runs the
-same query through SQLAlchemy in a thread.
+On PostgreSQL it runs one prepared statement (service.store.lookup) on a small pool of async
+autocommit connections (no BEGIN/COMMIT, no thread hop); on SQLite (the embedded default) it
+runs the same query through SQLAlchemy Core in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from starlette.concurrency import run_in_threadpool
 
 from service.context import ServiceContext
-from service.models import JobRow, ScheduleRow
+from service.store.lookup import Lookup, lookup_pg, lookup_sync
 
 log = logging.getLogger(__name__)
-
-_SQL = ("SELECT s.status, s.schedule, j.id, j.error FROM schedules s "
-        "LEFT JOIN jobs j ON j.key = s.key WHERE s.key = %s")
 
 
 class DatabaseUnavailable(RuntimeError):
     """The database did not answer the lookup."""
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """What the database holds for a key."""
-
-    status: str
-    schedule: str | None
-    job_id: int | None
-    error: str | None
 
 
 class ScheduleReader:
@@ -56,14 +41,13 @@ class ScheduleReader:
     async def lookup(self, key: str) -> Lookup | None:
         """What the database holds for `key`; raises DatabaseUnavailable when it is down."""
         if not self._pg:
-            return await run_in_threadpool(self._lookup_sync, key)
+            return await run_in_threadpool(lookup_sync, self.ctx.engine, key)
         import psycopg
 
         for attempt in (1, 2):
             conn = await self._acquire()
             try:
-                cur = await conn.execute(_SQL, (key,), prepare=True)
-                row = await cur.fetchone()
+                found = await lookup_pg(conn, key)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # A broken connection means the others are suspect too (a database restart):
                 # drop them all, and try once more on a fresh one.
@@ -76,16 +60,8 @@ class ScheduleReader:
                 await self._discard(conn)
                 raise
             self._release(conn)
-            return Lookup(*row) if row else None
+            return found
         raise AssertionError("unreachable")
-
-    def _lookup_sync(self, key: str) -> Lookup | None:
-        with self.ctx.engine.connect() as conn:
-            row = conn.execute(
-                select(ScheduleRow.status, ScheduleRow.schedule, JobRow.id, JobRow.error)
-                .outerjoin(JobRow, JobRow.key == ScheduleRow.key).where(ScheduleRow.key == key)
-            ).one_or_none()
-        return Lookup(*row) if row else None
 
     async def _acquire(self):  # type: ignore[no-untyped-def]
         import psycopg

@@ -19,12 +19,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select, update
-
 from service import build_child, metrics, pipeline, store
 from service.context import ServiceContext
 from service.logs import log_job_finished
-from service.models import GraphRow, JobRow, ScheduleRow, WorkerRow, utcnow
+from service.models import JobRow, utcnow
 from service.queue import BUILD_STREAM, Delivery, QueueUnavailable, tune_stream
 from service.target_compile import TargetCompileError
 
@@ -142,10 +140,7 @@ class Worker:
                 job = store.claim(session, delivery.job_id, stage, self.id, settings.lease_s,
                                   settings.max_attempts)
                 if job is not None:
-                    wire, entry = session.execute(
-                        select(GraphRow.wire, ScheduleRow)
-                        .join(ScheduleRow, ScheduleRow.graph_hash == GraphRow.graph_hash)
-                        .where(ScheduleRow.key == job.key)).one()
+                    wire, entry = store.job_input(session, job.key)
                     if wire is None:  # dropped by `kiln db prune --wire-days`
                         store.finish_failed(session, job, self.id, store.WIRE_PRUNED)
                         job = None
@@ -209,7 +204,7 @@ class Worker:
             if outcome.measurements:
                 store.add_measurements(session, job.key, job.id, self.id, outcome.measurements)
             if stage == "build" and target_json["device_type"] != "cpu" and \
-                    self.ctx.gpu_serves(session, queue_class):
+                    store.gpu_serves(session, queue_class, self._gpu_window_s()):
                 if store.hand_to_tuner(session, job, self.id):
                     store.enqueue_after_commit(session, "tune", queue_class, job.id)
             else:
@@ -238,9 +233,7 @@ class Worker:
             try:
                 overdue = current is not None and self._overdue(current[0])
                 with self.ctx.transaction() as session:
-                    session.execute(update(WorkerRow).where(WorkerRow.id == self.id).values(
-                        heartbeat_at=utcnow(), status="running",
-                        current_job_id=current[0].id if current else None))
+                    store.beat(session, self.id, current[0].id if current else None)
                     if current and overdue:
                         store.note_timeout(session, current[0], self.id, overdue)
                     elif current:
@@ -255,6 +248,10 @@ class Worker:
             except Exception as exc:  # database or Redis down: keep beating
                 log.warning("heartbeat of %s failed: %s", self.id, exc)
 
+    def _gpu_window_s(self) -> float:
+        """How recent a GPU worker's heartbeat must be for it to count as serving."""
+        return max(3 * self.ctx.settings.heartbeat_s, 15.0)
+
     def _overdue(self, job: JobRow) -> float | None:
         """The time limit a job in hand has run past, or None. Past it the lease is no longer
         renewed, so another worker takes the job over (a hung build cannot hold it forever)."""
@@ -265,11 +262,8 @@ class Worker:
         return limit if (utcnow() - started).total_seconds() > limit else None
 
     def _register(self) -> None:
-        now = utcnow()
         with self.ctx.transaction() as session:
-            session.merge(WorkerRow(id=self.id, device=self.device, queue_class=self.queue_class,
-                                    status="running", started_at=now, heartbeat_at=now,
-                                    current_job_id=None))
+            store.register_worker(session, self.id, self.device, self.queue_class)
             adopted = [] if self.device == "cpu" else \
                 store.adopt_untuned(session, self.queue_class, self.id)
         if adopted:
@@ -279,7 +273,6 @@ class Worker:
     def _unregister(self) -> None:
         try:
             with self.ctx.transaction() as session:
-                session.execute(update(WorkerRow).where(WorkerRow.id == self.id).values(
-                    status="stopped", current_job_id=None, heartbeat_at=utcnow()))
+                store.stop_worker(session, self.id)
         except Exception as exc:
             log.warning("could not mark worker %s stopped: %s", self.id, exc)

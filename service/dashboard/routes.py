@@ -1,4 +1,4 @@
-"""The `/admin` dashboard: server-rendered pages over `service.admin_queries`.
+"""The `/admin` dashboard: server-rendered pages over `service.store.admin`.
 
 Every page needs an admin session (its id in the `kiln_admin` cookie set at login); without it
 a page redirects to the login form and shows no data. Actions are POST forms with a CSRF
@@ -18,11 +18,11 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
-from service import admin_queries
 from service.api.routes.schedules import KEY_RE
 from service.auth import SESSION_TTL_S
 from service.dashboard import deps, security, views
 from service.dashboard.highlight import stylesheet
+from service.store import admin
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def overview(request: Request) -> Response:
     with deps.transaction(request) as session:
         if not _is_admin(request, session):
             return _login_redirect(request)
-        stats = admin_queries.stats(session, deps.queue_depth(request))
+        stats = admin.stats(session, deps.queue_depth(request))
     live_within_s = max(3 * request.app.state.settings.heartbeat_s, 15.0)  # as /metrics counts
     return _render(request, "overview.html", {"nav": "overview",
                                               **views.overview_context(stats, live_within_s)})
@@ -188,7 +188,7 @@ def entries(request: Request, q: str | None = None,
     if filters["q"] and not set(filters["q"]) <= _KEY_CHARS:
         notice, filters["q"] = "Search takes a hexadecimal key or graph-hash prefix.", None
     with deps.transaction(request) as session:
-        result = admin_queries.list_entries(session, page=min(max(page, 1), 1_000_000),
+        result = admin.list_entries(session, page=min(max(page, 1), 1_000_000),
                                       per_page=min(max(per_page, 10), 200), **filters)
     pages = max(1, math.ceil(result["total"] / max(result["per_page"], 1)))
     query = {k: v for k, v in filters.items() if v}
@@ -209,9 +209,9 @@ def entry(request: Request, key: str, done: str | None = None) -> Response:
     with deps.transaction(request) as session:
         if not _is_admin(request, session):
             return _login_redirect(request)
-        detail = admin_queries.entry_detail(session, key) if _valid_key(key) else None
+        detail = admin.entry_detail(session, key) if _valid_key(key) else None
         # Entries of the same graph for other targets: why a lookup of this graph missed.
-        siblings = admin_queries.list_entries(session, q=detail["graph_hash"], per_page=100,
+        siblings = admin.list_entries(session, q=detail["graph_hash"], per_page=100,
                                               sort="created")["items"] if detail else []
     if detail is None:
         return _no_entry(request, key)
@@ -228,9 +228,9 @@ def jobs(request: Request, status: str | None = None) -> Response:
     with deps.transaction(request) as session:
         if not _is_admin(request, session):
             return _login_redirect(request)
-        running = admin_queries.list_jobs(session, status="running", limit=100)["items"] \
+        running = admin.list_jobs(session, status="running", limit=100)["items"] \
             if wanted in (None, "running") else []
-        recent = [j for j in admin_queries.list_jobs(session, status=wanted, limit=100)["items"]
+        recent = [j for j in admin.list_jobs(session, status=wanted, limit=100)["items"]
                   if j.get("status") != "running"]
     return _render(request, "jobs.html", {"nav": "jobs", "running": running, "recent": recent,
                                           "status": wanted, "job_statuses": JOB_STATUSES})
@@ -268,7 +268,7 @@ def _action(request: Request, key: str, action: str, csrf_token: str,
     return RedirectResponse(f"/admin/entries/{key}?done={action}", status_code=303)
 
 
-_ACTIONS = {"invalidate": admin_queries.invalidate, "retune": admin_queries.retune}
+_ACTIONS = {"invalidate": admin.invalidate, "retune": admin.retune}
 
 
 @router.post("/entries/{key}/invalidate")

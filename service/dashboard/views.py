@@ -29,7 +29,7 @@ def worker_state(worker: Mapping[str, Any], live_within_s: float) -> str:
 
 
 def overview_context(stats: Mapping[str, Any], live_within_s: float = 15.0) -> dict[str, Any]:
-    """Plots and tables for the overview page from `admin_queries.stats`; a worker counts
+    """Plots and tables for the overview page from `store.admin.stats`; a worker counts
     as live while its heartbeat is younger than `live_within_s` (the rule of the
     `kiln_workers_alive` metric)."""
     by_status = dict(stats.get("entries_by_status") or {})

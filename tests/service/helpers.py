@@ -104,7 +104,7 @@ def start_worker(tmp: Path, name: str, delay: float | None = None, die: bool = F
 def job_dict(ctx: Any, job_id: int) -> dict[str, Any]:
     """The job as `GET /v1/jobs/{id}` shows it, read in a transaction of its own."""
     with ctx.transaction() as session:
-        return store.job_dict(session, session.get(store.JobRow, job_id))
+        return store.job_dict(session, store.job_by_id(session, job_id))
 
 
 @contextmanager

@@ -27,8 +27,8 @@ from service.models import (
     WorkerRow,
     utcnow,
 )
-from service.retention import Policy, prune
 from service.settings import Settings
+from service.store.retention import Policy, prune
 from tests.service.helpers import fake_submission, job_dict
 
 
@@ -206,12 +206,12 @@ def test_a_pruned_body_fails_a_retune_until_the_graph_is_submitted_again(
 
 
 def test_resubmitting_an_invalidated_entry_restores_its_body(pg_ctx: ServiceContext) -> None:
-    from service import admin_queries
+    from service.store import admin
 
     key = _entry(pg_ctx, "f" * 64, changed_days=60, used_days=60)
     with pg_ctx.transaction() as session:
         assert prune(session, Policy(wire_days=30))["graph_bodies"] == 1
-        admin_queries.invalidate(session, key)
+        admin.invalidate(session, key)
     with pg_ctx.transaction() as session:
         _e, job, enqueue = store.submit(session, fake_submission("f" * 64))
         assert enqueue and job.status == "queued" and job.stage == "build"

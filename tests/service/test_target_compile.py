@@ -114,7 +114,7 @@ def _run_worker(ctx: ServiceContext, job_id: int, status: str, **kw: Any) -> Non
 
 @pytest.mark.services
 def test_cpu_worker_stores_compile_facts_of_an_sm_90_schedule(pg_ctx: ServiceContext) -> None:
-    from service.admin_queries import entry_detail
+    from service.store.admin import entry_detail
 
     key, job_id = _submit(pg_ctx, wire_body("mlp.train_bwd", gpu_target()))
     _run_worker(pg_ctx, job_id, "done")
@@ -179,7 +179,7 @@ def _real_size_bodies() -> list[dict[str, Any]]:
 @pytest.mark.services
 def test_real_size_graphs_with_bare_cublas_matmuls_get_an_sm_90_schedule(
         pg_ctx: ServiceContext) -> None:
-    from service.admin_queries import entry_detail
+    from service.store.admin import entry_detail
 
     for body in _real_size_bodies():
         key, job_id = _submit(pg_ctx, body)

@@ -96,7 +96,7 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
     with pg_ctx.transaction() as session:
         entry = store.schedule_by_key(session, served_key)
         assert entry.status == "tuned" and entry.tuned_ms == 1.0
-        from service.admin_queries import entry_detail
+        from service.store.admin import entry_detail
 
         detail = entry_detail(session, served_key)
     assert len(detail["measurements"]) == 1 and detail["speedup"] == 2.0

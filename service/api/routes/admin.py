@@ -1,4 +1,4 @@
-"""Admin routes under `/v1/admin`: thin wrappers over service.admin_queries."""
+"""Admin routes under `/v1/admin`: thin wrappers over service.store.admin."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from service import admin_queries
 from service.api.deps import Admin, Ctx
 from service.api.routes.schedules import KEY_RE
 from service.errors import ApiError
 from service.queue import QueueUnavailable
+from service.store import admin
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -38,11 +38,11 @@ def entries(ctx: Ctx, _who: Admin, q: str | None = Query(None, max_length=64),
             status: str | None = None, tag: str | None = Query(None, max_length=200),
             sort: str = "last_used", order: str = "desc",
             page: int = Query(1, ge=1, le=1_000_000),
-            per_page: int = Query(50, ge=1, le=admin_queries.MAX_PER_PAGE)) -> dict[str, Any]:
+            per_page: int = Query(50, ge=1, le=admin.MAX_PER_PAGE)) -> dict[str, Any]:
     """List and filter entries, a page at a time."""
     try:
         with ctx.transaction() as session:
-            return admin_queries.list_entries(session, q=q, target=target, status=status,
+            return admin.list_entries(session, q=q, target=target, status=status,
                                               tag=tag, sort=sort, order=order, page=page,
                                               per_page=per_page)
     except ValueError as exc:
@@ -53,7 +53,7 @@ def entries(ctx: Ctx, _who: Admin, q: str | None = Query(None, max_length=64),
 def entry(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
     """One entry with kernels, sources, measurements and its job."""
     with ctx.transaction() as session:
-        detail = admin_queries.entry_detail(session, _known_key(key))
+        detail = admin.entry_detail(session, _known_key(key))
     return _found(detail, key)
 
 
@@ -61,7 +61,7 @@ def entry(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
 def invalidate(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
     """Withdraw an entry's schedule."""
     with ctx.transaction() as session:
-        item = admin_queries.invalidate(session, _known_key(key))
+        item = admin.invalidate(session, _known_key(key))
     return _found(item, key)
 
 
@@ -69,7 +69,7 @@ def invalidate(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
 def retune(key: str, ctx: Ctx, _who: Admin) -> JSONResponse:
     """Queue the entry for tuning again."""
     with ctx.transaction() as session:
-        job = admin_queries.retune(session, _known_key(key))
+        job = admin.retune(session, _known_key(key))
     return JSONResponse(_found(job, key), status_code=202)
 
 
@@ -81,7 +81,7 @@ def stats(ctx: Ctx, _who: Admin) -> dict[str, Any]:
     except QueueUnavailable:
         depth = {}
     with ctx.transaction() as session:
-        return admin_queries.stats(session, depth)
+        return admin.stats(session, depth)
 
 
 @router.get("/jobs")
@@ -90,6 +90,6 @@ def jobs(ctx: Ctx, _who: Admin, status: str | None = None,
     """Recent jobs."""
     try:
         with ctx.transaction() as session:
-            return admin_queries.list_jobs(session, status=status, limit=limit)
+            return admin.list_jobs(session, status=status, limit=limit)
     except ValueError as exc:
         raise _bad(exc) from None

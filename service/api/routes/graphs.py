@@ -13,6 +13,7 @@ from service.api.deps import Client, Ctx
 from service.context import ServiceContext
 from service.intake import body_weight, limiter_of, parse_cancellable, read_body
 from service.metrics import LOOKUPS, SUBMISSIONS
+from service.queue import QueueUnavailable
 from service.store import Submission
 
 router = APIRouter(prefix="/v1", tags=["graphs"])
@@ -47,9 +48,13 @@ def _record(ctx: ServiceContext, sub: Submission, owner: str | None) -> tuple[in
             store.add_job_owner(session, job.id, owner)
         store.count_lookup(session, reason)
         LOOKUPS.labels(reason).inc()
+        if enqueue:  # on commit: a worker must find the row
+            store.enqueue_after_commit(session, job.stage, entry.queue_class, job.id,
+                                       marked=job.needs_enqueue)
     SUBMISSIONS.labels("new" if enqueue else "joined").inc()
-    if enqueue:
-        ctx.enqueue_job(job.id)  # after commit: a worker must find the row
+    if enqueue and job.id in store.unqueued(session):
+        # The job is recorded and marked for recovery; the client is told to retry (503).
+        raise QueueUnavailable(f"job {job.id} could not be enqueued")
     status = entry.status if entry.status in store.READY else (
         "failed" if entry.status == "failed" else "pending")
     return _answer(entry.key, status, entry.schedule, job.id)

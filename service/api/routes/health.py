@@ -7,13 +7,12 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import text
 
-from service import admin_queries
 from service.api.deps import Client, Ctx, client_principal
 from service.context import ServiceContext
 from service.metrics import CONTENT_TYPE_LATEST, ENTRIES, JOBS, QUEUE_DEPTH, WORKERS, exposition
 from service.queue import QueueUnavailable
+from service.store import admin, lookup
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
@@ -30,8 +29,7 @@ def _checks(ctx: ServiceContext) -> dict[str, str]:
     password (the full error goes to the log)."""
     checks: dict[str, str] = {}
     try:
-        with ctx.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        lookup.ping(ctx.engine)
         checks["database"] = "ok"
     except Exception as exc:  # any failure means not ready
         log.warning("readiness: database down: %s", exc)
@@ -71,10 +69,10 @@ def metrics(ctx: Ctx, _who: Client) -> Response:
     except QueueUnavailable:
         pass
     with ctx.transaction() as session:
-        stats = admin_queries.stats(session)
+        stats = admin.stats(session)
         for status, n in stats["entries_by_status"].items():
             ENTRIES.labels(status).set(n)
-        for (stage, status), n in admin_queries.job_counts(session).items():
+        for (stage, status), n in admin.job_counts(session).items():
             JOBS.labels(stage, status).set(n)
     alive: dict[str, int] = {}
     for w in stats["workers"]:

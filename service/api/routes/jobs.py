@@ -9,7 +9,6 @@ from fastapi import APIRouter, Path
 from service import store
 from service.api.deps import Client, Ctx
 from service.errors import ApiError
-from service.models import JobRow
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -21,7 +20,7 @@ def get_job(ctx: Ctx, who: Client,
     only the jobs of keys it submitted (others answer 404, as if absent); admins, and the
     anonymous callers of a loopback bind, see all."""
     with ctx.transaction() as session:
-        job = session.get(JobRow, job_id)
+        job = store.job_by_id(session, job_id)
         hidden = who.role == "client" and who.owner is not None \
             and not store.job_visible(session, job_id, who.owner)
         if job is None or hidden:

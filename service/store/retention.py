@@ -14,7 +14,7 @@ of each entry's latest tuning pass. Deleted when older than the policy says:
   of graphs whose every entry went unused (no hit, no change) for `wire_days` and has no job
   in flight. The graph row, its entries and their schedules stay and keep serving; a job that
   needs the body (a re-tune) fails asking for the graph again, and a resubmission of the
-  graph stores the body again and reruns such jobs (service/store.py).
+  graph stores the body again and reruns such jobs (service/store/entries.py).
 """
 
 from __future__ import annotations

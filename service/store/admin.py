@@ -1,4 +1,5 @@
-"""Admin queries, shared by the `/v1/admin` routes and the `/admin` dashboard.
+"""Admin reads (and the two admin writes, invalidate and re-tune), shared by the `/v1/admin`
+routes and the `/admin` dashboard.
 
 Every function takes a SQLAlchemy Session and returns plain dicts (docs/contracts.md,
 "Admin API"). Callers own the transaction; nothing here commits.
@@ -11,10 +12,9 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from service import store
 from service.models import (
     GraphRow,
     JobRow,
@@ -26,6 +26,8 @@ from service.models import (
     utcnow,
 )
 from service.queue import QueueUnavailable
+from service.store import entries as store_entries
+from service.store import jobs as store_jobs
 
 STATUSES = ("pending", "heuristic", "tuned", "failed", "invalidated")
 _BEST_MS = func.coalesce(ScheduleRow.tuned_ms, ScheduleRow.heuristic_ms)
@@ -97,7 +99,7 @@ def list_entries(session: Session, q: str | None = None, target: str | None = No
 def entry_detail(session: Session, key: str) -> dict[str, Any] | None:
     """One entry with its graph's op summary, kernels (with source), every measurement and
     its job; None when the key is unknown."""
-    row = store.schedule_by_key(session, key)
+    row = store_entries.schedule_by_key(session, key)
     if row is None:
         return None
     detail = entry_item(row)
@@ -115,19 +117,18 @@ def entry_detail(session: Session, key: str) -> dict[str, Any] | None:
          "error": m.error, "verified": m.verified, "at": _iso(m.at)}
         for m in session.scalars(select(MeasurementRow).where(MeasurementRow.schedule_key == key)
                                  .order_by(MeasurementRow.id))]
-    job = store.job_by_key(session, key)
-    detail["jobs"] = [store.job_dict(session, job)] if job else None
+    job = store_jobs.job_by_key(session, key)
+    detail["jobs"] = [store_jobs.job_dict(session, job)] if job else None
     return detail
 
 
 def invalidate(session: Session, key: str) -> dict[str, Any] | None:
     """Withdraw an entry: `GET /v1/schedules/{key}` answers 404 `invalidated` until the graph
     is submitted again. None when the key is unknown."""
-    row = store.schedule_by_key(session, key)
+    row = store_entries.schedule_by_key(session, key)
     if row is None:
         return None
-    session.execute(update(ScheduleRow).where(ScheduleRow.key == key)
-                    .values(status="invalidated", updated_at=utcnow()))
+    store_entries.set_entry_status(session, key, "invalidated")
     session.refresh(row)
     return entry_item(row)
 
@@ -135,19 +136,18 @@ def invalidate(session: Session, key: str) -> dict[str, Any] | None:
 def retune(session: Session, key: str) -> dict[str, Any] | None:
     """Queue the entry's job again: tuning on a GPU worker for a GPU target with a schedule,
     else a fresh build; it is enqueued when the transaction commits. None when unknown."""
-    row = store.schedule_by_key(session, key)
-    job = store.job_by_key(session, key)
+    row = store_entries.schedule_by_key(session, key)
+    job = store_jobs.job_by_key(session, key)
     if row is None or job is None:
         return None
-    has_schedule = row.status in store.READY
+    has_schedule = row.status in store_entries.READY
     stage = "tune" if row.device_type != "cpu" and has_schedule else "build"
     if not has_schedule:
-        session.execute(update(ScheduleRow).where(ScheduleRow.key == key)
-                        .values(status="pending", schedule=None, updated_at=utcnow()))
-    store.requeue(session, job, stage, "re-tune requested by an admin")
-    store.enqueue_after_commit(session, stage, row.queue_class, job.id)
+        store_entries.set_entry_status(session, key, "pending", clear_schedule=True)
+    store_jobs.requeue(session, job, stage, "re-tune requested by an admin")
+    store_jobs.enqueue_after_commit(session, stage, row.queue_class, job.id)
     session.refresh(job)
-    return store.job_dict(session, job)
+    return store_jobs.job_dict(session, job)
 
 
 def stats(session: Session, queue: Any = None) -> dict[str, Any]:
@@ -160,8 +160,8 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
         by_status[status] = n
     totals = dict(session.execute(select(LookupCountRow.kind, func.sum(LookupCountRow.count))
                                   .group_by(LookupCountRow.kind)).all())
-    reasons = {r: int(totals.get(r) or 0) for r in store.MISS_REASONS}
-    since = store.minute(utcnow()) - timedelta(minutes=SERIES_MINUTES)
+    reasons = {r: int(totals.get(r) or 0) for r in store_entries.MISS_REASONS}
+    since = store_entries.minute(utcnow()) - timedelta(minutes=SERIES_MINUTES)
     series: dict[Any, dict[str, int]] = {}
     for bucket, kind, n in session.execute(
             select(LookupCountRow.bucket, LookupCountRow.kind, LookupCountRow.count)
@@ -177,7 +177,7 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
                ScheduleRow.tuned_ms > 0))]
     gpu_ready = dict(session.execute(
         select(ScheduleRow.status, func.count())
-        .where(on_gpu, ScheduleRow.status.in_(store.READY)).group_by(ScheduleRow.status)).all())
+        .where(on_gpu, ScheduleRow.status.in_(store_entries.READY)).group_by(ScheduleRow.status)).all())
     tunable = sum(gpu_ready.values())
     waiting: dict[str, dict[str, int]] = {}
     for stage, status, n in session.execute(
@@ -219,7 +219,7 @@ def list_jobs(session: Session, status: str | None = None, limit: int = 100) -> 
     query = select(JobRow).order_by(JobRow.updated_at.desc(), JobRow.id.desc()).limit(limit)
     if status:
         query = query.where(JobRow.status == status)
-    return {"items": [store.job_dict(session, j) for j in session.scalars(query)]}
+    return {"items": [store_jobs.job_dict(session, j) for j in session.scalars(query)]}
 
 
 def job_counts(session: Session) -> dict[tuple[str, str], int]:
