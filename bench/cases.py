@@ -211,7 +211,7 @@ def case(name: str, scale: str = "full", rms_fp32: bool = False) -> BenchCase:
 def traced_graphs(scale: str) -> Iterator[tuple[str, fx.GraphModule, list[torch.Tensor]]]:
     """Every case's aten graphs at `scale` on the CPU (seeded), as (name, graph, inputs):
     `<case>` for an inference case, `<case>.fwd` and `<case>.bwd` for a training one."""
-    from compiler.tracing import trace_inference, trace_training
+    from compiler.lowering.tracing import trace_inference, trace_training
 
     for case in cases(scale=scale):
         torch.manual_seed(0)

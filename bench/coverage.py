@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import torch
 from torch import fx
 
-from compiler.frontend import lower_graph
 from compiler.ir import ExternStep, Program, ViewStep
+from compiler.lowering.frontend import lower_graph
 
 WHERE = ("triton", "aten", "view", "removed")
 
@@ -56,7 +56,7 @@ def _graphs(suites: list[str]) -> Iterator[tuple[str, fx.GraphModule, list[torch
 
 def main(argv: list[str] | None = None) -> int:
     """Print the coverage table; exit status 1 if a pointwise/reduction/matmul op fell back."""
-    from compiler import ops
+    from compiler.lowering import ops
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--suites", default="corpus,bench", help="comma list: corpus,bench")

@@ -61,7 +61,7 @@ def _compare(got: Any, want: Any) -> float:
 def run_case(case: BenchCase, device: torch.device, timing: bool, out_dir: Path | None,
              peaks: dict[str, float], sweep: bool = False) -> dict[str, Any]:
     import compiler
-    from compiler.tracing import trace_inference, trace_training
+    from compiler.lowering.tracing import trace_inference, trace_training
 
     torch.manual_seed(0)
     module, inputs = case.make(device)

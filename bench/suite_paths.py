@@ -25,7 +25,7 @@ def step(fn: Callable[..., Any], case: Any) -> list[Any]:
     """One call of the case through `fn`; a training case also runs backward (ones grads)."""
     import torch
 
-    from compiler.tracing import flat_tensors
+    from compiler.lowering.tracing import flat_tensors
 
     if not case.training:
         with torch.no_grad():
@@ -67,7 +67,7 @@ def compiled_path(case: Any, mode: str | None, device: str, reference: list[Any]
 def trace(case: Any) -> list[tuple[Any, list[Any], Any]]:
     """The case's aten graphs as (compiler.Graph, inputs, aten GraphModule)."""
     import compiler
-    from compiler.tracing import trace_inference, trace_training
+    from compiler.lowering.tracing import trace_inference, trace_training
 
     if case.training:
         fwd, bwd, fwd_in, bwd_in = trace_training(case.module, case.inputs)

@@ -7,27 +7,27 @@ parses wire graphs never imports Triton).
 from compiler.lazy import lazy_exports
 
 _PUBLIC = {
-    # wire format and keys (compiler/wire.py, compiler/keys.py)
-    "to_wire": "compiler.wire",
-    "from_wire": "compiler.wire",
-    "Graph": "compiler.wire",
-    "WireError": "compiler.wire",
-    "ValidationCancelled": "compiler.wire",
-    "parse_json": "compiler.wire",
-    "graph_hash": "compiler.keys",
-    "Target": "compiler.keys",
-    "tuning_key": "compiler.keys",
-    "COMPILER_VERSION": "compiler.keys",
-    "decompositions": "compiler.decomposition_table",
-    "random_inputs": "compiler.inputs",
-    # schedules, build and runtime (compiler/schedule.py, compiler/heuristics.py, compiler/runtime.py)
-    "Schedule": "compiler.schedule",
-    "KernelChoice": "compiler.schedule",
-    "ScheduleMismatch": "compiler.schedule",
-    "heuristic_schedule": "compiler.heuristics",
-    "build": "compiler.runtime",
-    "Built": "compiler.runtime",
-    "runs_on_cpu": "compiler.execution",
+    # wire format and keys (compiler/wire/)
+    "to_wire": "compiler.wire.graph",
+    "from_wire": "compiler.wire.graph",
+    "Graph": "compiler.wire.graph",
+    "WireError": "compiler.wire.graph",
+    "ValidationCancelled": "compiler.wire.graph",
+    "parse_json": "compiler.wire.graph",
+    "graph_hash": "compiler.wire.keys",
+    "Target": "compiler.wire.keys",
+    "tuning_key": "compiler.wire.keys",
+    "COMPILER_VERSION": "compiler.wire.keys",
+    "decompositions": "compiler.lowering.decomposition_table",
+    "random_inputs": "compiler.wire.inputs",
+    # schedules (compiler/scheduling/), build and runtime (compiler/runtime/)
+    "Schedule": "compiler.scheduling.schedule",
+    "KernelChoice": "compiler.scheduling.schedule",
+    "ScheduleMismatch": "compiler.scheduling.schedule",
+    "heuristic_schedule": "compiler.scheduling.heuristics",
+    "build": "compiler.runtime.built",
+    "Built": "compiler.runtime.built",
+    "runs_on_cpu": "compiler.runtime.execution",
 }
 
 __all__ = sorted(_PUBLIC)

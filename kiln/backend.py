@@ -86,12 +86,12 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 
 def _start_compile_workers() -> None:
-    """Start Triton's compile workers (compiler/compile_pool.py) while AOTAutograd traces,
+    """Start Triton's compile workers (compiler/runtime/compile_pool.py) while AOTAutograd traces,
     so that they are ready when the first graph's kernels compile."""
     if not torch.cuda.is_available():
         return
     try:
-        from compiler import compile_pool
+        from compiler.runtime import compile_pool
 
         compile_pool.start()
     except Exception as exc:  # kernels then compile on the building thread

@@ -42,7 +42,7 @@ def _schedule(target: dict, graph_hash: str, kernels: int) -> dict:
 
 def seed(database_url: str, entries: int) -> list[str]:
     """Migrate the database and store `entries` heuristic schedules; returns their keys."""
-    from compiler.keys import COMPILER_VERSION
+    from compiler.wire.keys import COMPILER_VERSION
     from service import store
     from service.context import ServiceContext
     from service.migrate import upgrade

@@ -32,8 +32,8 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 # Imported once in the forkserver, so that each forked build starts with them loaded.
-_PRELOAD = ["service.pipeline", "compiler.frontend", "compiler.heuristics", "compiler.runtime",
-            "compiler.wire", "tuner.verify", "triton.language", "torch._dynamo"]
+_PRELOAD = ["service.pipeline", "compiler.lowering.frontend", "compiler.scheduling.heuristics", "compiler.runtime.built",
+            "compiler.wire.graph", "tuner.verify", "triton.language", "torch._dynamo"]
 _OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "std::bad_alloc")
 
 

@@ -74,8 +74,8 @@ class Settings(BaseModel):
     @property
     def body_limit(self) -> int:
         """Largest request body accepted, in bytes: the wire limit on a graph
-        (KILN_MAX_BODY_BYTES, compiler/settings.py) plus room for the target and tag."""
-        from compiler.settings import limits
+        (KILN_MAX_BODY_BYTES, compiler/wire/limits.py) plus room for the target and tag."""
+        from compiler.wire.limits import limits
 
         return limits().max_body_bytes + 64 * 1024
 

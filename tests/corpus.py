@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from bench.cases import GPTBlock, SeedMLP
-from compiler.tracing import trace_inference, trace_training
+from compiler.lowering.tracing import trace_inference, trace_training
 
 
 @dataclass(frozen=True)

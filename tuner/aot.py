@@ -84,7 +84,7 @@ def _compilable(built: Any, kernel: str, fn_name: str) -> Any:
     the file): the source held by `built.kernels` is re-checked against its sha256, then
     executed as a fresh module whose source `inspect` (hence Triton) finds in `linecache`.
     """
-    from compiler.runtime import source_hash
+    from compiler.runtime.built import source_hash
 
     found = next((k for k in built.kernels if k.name == kernel), None)
     if found is None:

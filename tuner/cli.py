@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     import compiler
-    from compiler.tracing import trace_inference, trace_training
+    from compiler.lowering.tracing import trace_inference, trace_training
     from tuner.api import tune
     from tuner.search import Budget
 

@@ -12,8 +12,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from compiler.keys import compute_capability
-from compiler.schedule import WARPS, next_pow2
+from compiler.scheduling.schedule import WARPS, next_pow2
+from compiler.wire.keys import compute_capability
 from tuner.records import Candidate
 
 

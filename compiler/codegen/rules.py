@@ -1,6 +1,6 @@
 """The op registry: every aten op kiln lowers, by base name (`add` for `aten.add.Tensor`),
 with its kind and the rule that generates it. Adding an op is one entry in its kind's table;
-the op sets (`compiler/ops.py`) and fusion's classification are read from here.
+the op sets (`compiler/lowering/ops.py`) and fusion's classification are read from here.
 
 | kind | what the op becomes | its rules |
 | --- | --- | --- |

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.coverage import count, node_placement
-from compiler.frontend import lower_graph
+from compiler.lowering.frontend import lower_graph
 from tests.compiler.oputil import rand, trace
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from compiler.compile_pool import CompileJob
+from compiler.runtime.compile_pool import CompileJob
 
 
 def crash_on_boom(job: CompileJob) -> str | None:

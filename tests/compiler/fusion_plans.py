@@ -20,9 +20,9 @@ import torch
 from torch import fx
 
 from compiler.codegen import generate_kernel
-from compiler.frontend import lower_graph
-from compiler.fusion import classify
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep
+from compiler.lowering.frontend import lower_graph
+from compiler.lowering.fusion import classify
 
 VARIANTS = {"pointwise": ("pointwise",), "reduction": ("looped", "persistent", "online"),
             "matmul": ("triton", "aten")}
@@ -31,7 +31,7 @@ VARIANTS = {"pointwise": ("pointwise",), "reduction": ("looped", "persistent", "
 def graphs() -> Iterator[tuple[str, fx.GraphModule, list[Any]]]:
     """Every corpus graph and every BENCH.md case at its tiny and small sizes."""
     from bench.cases import cases
-    from compiler.tracing import trace_inference, trace_training
+    from compiler.lowering.tracing import trace_inference, trace_training
     from tests.corpus import corpus
     for case in corpus():
         yield f"corpus/{case.name}", case.gm, case.example_inputs

@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
 import compiler
-from compiler import compile_pool
+from compiler.runtime import compile_pool
 from tests.compiler.oputil import rand, trace
 
 

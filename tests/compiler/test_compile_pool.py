@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import compile_pool
-from compiler.compile_pool import CRASHED, CompileJob, CompilePool
+from compiler.runtime import compile_pool
+from compiler.runtime.compile_pool import CRASHED, CompileJob, CompilePool
 from tests.compiler.crashing_compile import crash_on_boom
 
 ROOT = Path(__file__).resolve().parents[2]

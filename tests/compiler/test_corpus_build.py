@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import compiler
-from compiler import ops
+from compiler.lowering import ops
 from tests.compiler.oputil import assert_matches
 from tests.corpus import case, case_names
 

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import torch
 
-import compiler.cudagraphs as cg
+import compiler.runtime.cudagraphs as cg
 
 
 class _Stream:

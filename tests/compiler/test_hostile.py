@@ -14,7 +14,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from compiler import WireError, decompositions, from_wire, to_wire
-from compiler.settings import limits
+from compiler.wire.limits import limits
 
 
 def _small_wire() -> dict:
@@ -386,7 +386,7 @@ def test_mutated_graphs_are_accepted_or_refused_cleanly(data, base: int, mutatio
 
 
 def test_parse_json_applies_the_text_checks_to_wrapped_bodies() -> None:
-    from compiler.wire import parse_json
+    from compiler.wire.graph import parse_json
 
     assert parse_json(b'{"graph": {"a": 1}, "target": {}}') == {"graph": {"a": 1}, "target": {}}
     for body, message in ((b'{"a": NaN}', "bare NaN"), (b'{"a": 1, "a": 2}', "repeats a key"),

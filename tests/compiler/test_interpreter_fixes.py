@@ -15,7 +15,7 @@ def test_fp32_to_bf16_stores_round_like_torch() -> None:
     import triton
     import triton.language as tl
 
-    from compiler.interpreter_fixes import patch_interpreter_bf16_dot
+    from compiler.runtime.interpreter_fixes import patch_interpreter_bf16_dot
 
     patch_interpreter_bf16_dot()
 

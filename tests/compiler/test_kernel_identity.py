@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.tracing import trace_inference, trace_training
+from compiler.lowering.tracing import trace_inference, trace_training
 from examples.models import GPT, GPTConfig
 
 
@@ -34,7 +34,7 @@ def _built(layers: int, graph: str) -> compiler.Built:
     "train_fwd", "train_bwd",
     pytest.param("fwd", marks=pytest.mark.xfail(strict=True, reason=(
         "fusion inlines the eval-mode residual stream into every later layer's first "
-        "kernel, so those kernels differ per layer (compiler/fusion.py)"))),
+        "kernel, so those kernels differ per layer (compiler/lowering/fusion.py)"))),
 ])
 def test_twelve_layers_compile_no_more_distinct_kernels_than_two(graph: str) -> None:
     two, twelve = _built(2, graph), _built(12, graph)

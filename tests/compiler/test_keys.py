@@ -150,7 +150,7 @@ def test_device_index_never_enters_the_target_or_key(monkeypatch: pytest.MonkeyP
 
 
 def test_compute_capability_is_parsed_from_the_arch_name() -> None:
-    from compiler.keys import compute_capability
+    from compiler.wire.keys import compute_capability
 
     assert [compute_capability(a) for a in ("sm_90", "sm_90a", "sm_86", "sm_100", "sm_120a")] == [
         (9, 0), (9, 0), (8, 6), (10, 0), (12, 0)]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import compiler
-from compiler import ops
 from compiler.codegen import exprs, indexing, matmul, reduction, rules, views
+from compiler.lowering import ops
 from tests.compiler.oputil import check, rand, trace
 
 

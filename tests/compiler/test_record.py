@@ -1,4 +1,4 @@
-"""compiler.record: decompositions traced without touching process-wide state, so that a
+"""compiler.lowering.record: decompositions traced without touching process-wide state, so that a
 build on a background thread (the client's poller, KILN_BACKGROUND=1) cannot hijack the
 training thread's module calls the way make_fx's tracer would."""
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import compiler
-from compiler.decomposition_table import decompositions
-from compiler.record import record
+from compiler.lowering.decomposition_table import decompositions
+from compiler.lowering.record import record
 from tests.compiler.oputil import assert_matches, rand, trace
 
 aten = torch.ops.aten

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import compiler
-from compiler.schedule import FORMAT, Schedule
+from compiler.scheduling.schedule import FORMAT, Schedule
 from tests.compiler.oputil import assert_matches, rand, trace
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import compiler
-from compiler.wire_schema import meta_cost
+from compiler.wire.schema import meta_cost
 from tests.service.bombs import bicubic_chain, full_relu
 
 

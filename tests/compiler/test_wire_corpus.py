@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from compiler import decompositions
-from compiler.tracing import trace_inference, trace_training
+from compiler.lowering.tracing import trace_inference, trace_training
 from tests.corpus import KINDS, case, case_names, corpus
 
 aten = torch.ops.aten

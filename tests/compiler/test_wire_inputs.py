@@ -6,8 +6,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from compiler import decompositions, from_wire, random_inputs, to_wire
-from compiler.inputs import index_ranges, positive_inputs
-from compiler.tracing import trace_training
+from compiler.lowering.tracing import trace_training
+from compiler.wire.inputs import index_ranges, positive_inputs
 from tests.corpus import case, corpus
 
 
@@ -148,7 +148,7 @@ def test_attention_stats_honour_an_additive_mask_that_is_an_input() -> None:
 
 
 def test_a_logsumexp_with_cudnn_trailing_unit_dim_is_filled() -> None:
-    from compiler.input_stats import _copy_leading
+    from compiler.wire.input_stats import _copy_leading
 
     dest = torch.zeros(2, 3, 5, 1)
     values = torch.randn(2, 3, 5)
@@ -157,8 +157,8 @@ def test_a_logsumexp_with_cudnn_trailing_unit_dim_is_filled() -> None:
 
 
 def test_weights_are_drawn_at_init_scale_so_deep_graphs_stay_finite() -> None:
-    from compiler.inputs import weight_scales
-    from compiler.tracing import trace_training
+    from compiler.lowering.tracing import trace_training
+    from compiler.wire.inputs import weight_scales
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(24)]).to(torch.bfloat16)

@@ -10,7 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from compiler import Graph, WireError, decompositions, from_wire, random_inputs, to_wire
-from compiler.wire import to_graph
+from compiler.wire.graph import to_graph
 from tests.corpus import case, case_names
 
 

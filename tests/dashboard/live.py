@@ -72,7 +72,7 @@ class LiveService:
                target: dict[str, str] | None = None) -> dict[str, Any]:
         """Trace `fn` to an aten graph and POST it as a client would; the JSON answer."""
         import compiler
-        from compiler.tracing import trace_inference
+        from compiler.lowering.tracing import trace_inference
 
         gm, example = trace_inference(fn, inputs)
         body = {"graph": compiler.to_wire(gm, example), "tag": tag,

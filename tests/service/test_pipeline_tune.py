@@ -12,7 +12,7 @@ pytestmark = pytest.mark.xdist_group("tuner_runner")
 
 def test_a_twin_kernel_gets_the_tuned_time_of_the_kernel_measured_for_it() -> None:
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
     from service.pipeline import tune
 
     gm, ins = trace_inference(lambda x, w1, w2: torch.relu(torch.relu(x @ w1) @ w2),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.tracing import trace_training
+from compiler.lowering.tracing import trace_training
 from service import pipeline, store
 from service.context import ServiceContext
 from service.intake import parse_submission

@@ -19,7 +19,7 @@ from tuner.records import Candidate
 
 def _softmax_graph():
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
 
     gm, ins = trace_inference(lambda x: torch.softmax(x * 0.5, -1), [torch.randn(32, 256)])
     return compiler.from_wire(compiler.to_wire(gm, ins))
@@ -78,7 +78,7 @@ def test_interpreted_kernels_are_reimported_from_the_built_source_not_the_kernel
     """Under TRITON_INTERPRET=1 the launch's function is interpreted: `launch_specs` gives a
     JIT function made from `built.kernels[i].source`, never from the (writable) kernel dir."""
     import compiler
-    from compiler import runtime
+    from compiler.runtime import built as runtime
     from tuner.aot import AotUnavailable, _compilable, launch_specs
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -16,7 +16,7 @@ pytestmark = [
 
 def test_tune_on_cuda_with_parallel_compile() -> None:
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
     from tuner.runner import Runner
 
     x = torch.randn(4096, 1024, device="cuda")
@@ -36,7 +36,7 @@ def test_tune_on_cuda_with_parallel_compile() -> None:
 
 def test_warm_kernel_fills_the_cache_the_launch_reads() -> None:
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
     from tuner.aot import warm_kernel
     from tuner.space import limits_for
 

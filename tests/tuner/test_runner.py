@@ -16,7 +16,7 @@ pytestmark = pytest.mark.xdist_group("tuner_runner")
 def tiny() -> tuple[dict, dict]:
     """A small softmax graph and its heuristic schedule, as wire JSON."""
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
 
     gm, ins = trace_inference(lambda x: torch.softmax(x * 0.125, -1), [torch.randn(4, 16)])
     graph = compiler.from_wire(compiler.to_wire(gm, ins))

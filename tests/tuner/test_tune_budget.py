@@ -11,7 +11,7 @@ from tuner.records import Candidate
 
 def _two_kernel_graph():
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
 
     # softmax over rows, then a separate reduction over a second input: two kernels
     gm, ins = trace_inference(

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.xdist_group("tuner_runner")
 
 def _graph(fn, *inputs):
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
 
     gm, ins = trace_inference(fn, list(inputs))
     return compiler.from_wire(compiler.to_wire(gm, ins)), ins

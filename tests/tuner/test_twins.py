@@ -17,7 +17,7 @@ H200 = {"arch": "sm_90", "name": "NVIDIA H200"}
 
 def _graph(fn, *inputs):
     import compiler
-    from compiler.tracing import trace_inference
+    from compiler.lowering.tracing import trace_inference
 
     gm, ins = trace_inference(fn, list(inputs))
     return compiler.from_wire(compiler.to_wire(gm, ins)), ins
@@ -26,7 +26,7 @@ def _graph(fn, *inputs):
 @functools.cache
 def _gpt_train_fwd(layers: int):
     import compiler
-    from compiler.tracing import trace_training
+    from compiler.lowering.tracing import trace_training
     from examples.models import GPT, GPTConfig
 
     cfg = GPTConfig(layers=layers)

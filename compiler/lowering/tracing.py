@@ -15,7 +15,7 @@ import torch
 from torch import fx, nn
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
-from compiler.decomposition_table import decompositions
+from compiler.lowering.decomposition_table import decompositions
 
 
 class _TupleOutputs(nn.Module):

@@ -9,8 +9,8 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from compiler.settings import WireLimits
-from compiler.wire_schema import FORMAT, WireError, encode_float, encode_value, op_name
+from compiler.wire.limits import WireLimits
+from compiler.wire.schema import FORMAT, WireError, encode_float, encode_value, op_name
 
 
 def _field(value: Any, *names: str, default: Any = None) -> Any:

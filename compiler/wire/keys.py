@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from compiler.wire import Graph, WireError, from_wire
-from compiler.wire_schema import brief
+from compiler.wire.graph import Graph, WireError, from_wire
+from compiler.wire.schema import brief
 
 # Bump whenever generated code changes: every tuning key changes with it.
 COMPILER_VERSION = "0.1.2"

@@ -33,7 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from compiler.kernel_files import import_kernel
+from compiler.runtime.kernel_files import import_kernel
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def shared() -> CompilePool | None:
 def start() -> None:
     """Start the compile workers now, so that they are ready by the first precompile
     (the client calls this when a model is first compiled). No-op under the interpreter."""
-    from compiler.execution import runs_on_cpu
+    from compiler.runtime.execution import runs_on_cpu
 
     pool = None if runs_on_cpu() else shared()
     if pool is not None:

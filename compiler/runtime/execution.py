@@ -1,7 +1,7 @@
 """The steps a built graph runs on each call: kernel launches, ATen calls, views.
 
 Each step reads and writes slots of an environment list (one slot per graph node);
-`Built` (compiler/runtime.py) runs them in order and frees slots at their last use.
+`Built` (compiler/runtime/built.py) runs them in order and frees slots at their last use.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from compiler.interpreter_fixes import patch_interpreter_bf16_dot
+from compiler.runtime.interpreter_fixes import patch_interpreter_bf16_dot
 
 
 @dataclass

@@ -11,11 +11,11 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from compiler import ops
-from compiler.fusion import plan_steps
 from compiler.ir import Program, TensorMeta, base_name, check_program, op_name
-from compiler.record import record
-from compiler.wire_schema import storage_extent
+from compiler.lowering import ops
+from compiler.lowering.fusion import plan_steps
+from compiler.lowering.record import record
+from compiler.wire.schema import storage_extent
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -164,7 +164,7 @@ def _lowered_natively(node: fx.Node) -> bool:
 
 def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
     """Replace composite ops (layer norm, softmax, var, ...) by the primitives they are made of."""
-    from compiler.decomposition_table import decompositions
+    from compiler.lowering.decomposition_table import decompositions
 
     table = decompositions()
     table.update(_KILN_DECOMPS)

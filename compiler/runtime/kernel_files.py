@@ -2,7 +2,7 @@
 their source, imported from there, so that a process only ever executes kernel code that
 it (or the process that handed it the source) generated from a validated graph.
 
-Torch-free: the compile workers (`compiler/compile_pool.py`) import this and Triton only,
+Torch-free: the compile workers (`compiler/runtime/compile_pool.py`) import this and Triton only,
 and start in well under a second.
 """
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from compiler.settings import WireLimits
-from compiler.wire_schema import (
+from compiler.wire.limits import WireLimits
+from compiler.wire.schema import (
     DTYPES,
     FORMAT,
     GETITEM,

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from compiler import input_stats
-from compiler.wire import Graph, from_wire
-from compiler.wire_decode import NodeSpec, TensorMeta
-from compiler.wire_schema import Ref, storage_extent
+from compiler.wire import input_stats
+from compiler.wire.decode import NodeSpec, TensorMeta
+from compiler.wire.graph import Graph, from_wire
+from compiler.wire.schema import Ref, storage_extent
 
 # Ops that only re-shape, copy or re-type a tensor: an index that flows through them is
 # still an index into the same range.
@@ -208,7 +208,7 @@ def random_inputs(graph: Graph | dict | str | bytes, seed: int = 0, device: str 
     storage offset. Floats are standard normal, or uniform in [0.5, 1.5) where they reach
     sqrt/rsqrt/log/reciprocal (`positive_inputs`), or normal with std 1/sqrt(fan in) where
     they are a matmul's second operand or a convolution's weight (`weight_scales`); saved statistics of backward graphs
-    (rstd, invstd, log-probabilities, attention logsumexp: `compiler.input_stats`) are drawn
+    (rstd, invstd, log-probabilities, attention logsumexp: `compiler.wire.input_stats`) are drawn
     or computed in their realistic range; integer inputs that feed index ops (embedding,
     index, gather, scatter, nll_loss targets) are drawn in [0, size of the indexed dim),
     max-pool indices inside their window; other integers in [0, 16); bools uniform. Values

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from compiler.ir import Program, TensorMeta
-from compiler.lower import lower_fx
+from compiler.lowering.lower import lower_fx
 
 _CACHE: OrderedDict[str, Program] = OrderedDict()
 _LOCK = threading.Lock()
@@ -30,7 +30,7 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
             raise ValueError("an fx GraphModule needs example_inputs (tensors or metas)")
         ghash = _fx_hash(graph, list(example_inputs))
     elif hasattr(graph, "to_fx") and hasattr(graph, "inputs"):
-        from compiler.keys import graph_hash
+        from compiler.wire.keys import graph_hash
 
         ghash = graph_hash(graph)
     else:
@@ -55,8 +55,8 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
 def _fx_hash(gm: fx.GraphModule, metas: list[Any]) -> str:
     """The wire graph hash when the wire module can encode this graph, else a local one."""
     try:
-        from compiler.keys import graph_hash
-        from compiler.wire import from_wire, to_wire
+        from compiler.wire.graph import from_wire, to_wire
+        from compiler.wire.keys import graph_hash
 
         return graph_hash(from_wire(to_wire(gm, metas)))
     except Exception:  # noqa: BLE001 - unsupported by the wire format: hash locally

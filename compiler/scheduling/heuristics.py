@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from compiler.frontend import lower_graph
 from compiler.ir import ExternStep, KernelGroup, Program, op_name
-from compiler.schedule import KernelChoice, Schedule, next_pow2
+from compiler.lowering.frontend import lower_graph
+from compiler.scheduling.schedule import KernelChoice, Schedule, next_pow2
 
 PERSISTENT_MAX = 4096  # widest reduced extent (elements) kept in registers by default
 

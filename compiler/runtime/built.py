@@ -16,14 +16,22 @@ from typing import Any
 import torch
 from torch import fx
 
-from compiler import compile_pool, cudagraphs
 from compiler.codegen import NotFusible, Unsupported, generate_kernel
-from compiler.execution import Args, AtenMatmul, Call, Const, KernelCall, Launch, is_interpreted
-from compiler.frontend import lower_graph
-from compiler.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
-from compiler.kernel_files import import_kernel, source_hash
-from compiler.schedule import Schedule, ScheduleMismatch, validate_config
+from compiler.lowering.frontend import lower_graph
+from compiler.runtime import compile_pool, cudagraphs
+from compiler.runtime.execution import (
+    Args,
+    AtenMatmul,
+    Call,
+    Const,
+    KernelCall,
+    Launch,
+    is_interpreted,
+)
+from compiler.runtime.kernel_files import import_kernel, source_hash
+from compiler.scheduling.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
+from compiler.scheduling.schedule import Schedule, ScheduleMismatch, validate_config
 
 _MODULES: dict[str, ModuleType] = {}
 _MODULES_LOCK = threading.Lock()
@@ -162,7 +170,7 @@ class Built:
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the graph: returns its outputs in wire order. On CUDA, calls after the
-        first replay a CUDA graph where that is cheaper (see compiler/cudagraphs.py)."""
+        first replay a CUDA graph where that is cheaper (see compiler/runtime/cudagraphs.py)."""
         if self._graphs is not None:
             out = self._graphs(inputs)
             if out is not None:
@@ -192,7 +200,7 @@ class Built:
         for the CUDA `device` without launching anything, so that the first call pays for
         none of it; returns how many launches it prepared (0 on the CPU, where kernels are
         interpreted). The distinct kernels compile in parallel in the compile workers
-        (compiler/compile_pool.py); this thread only loads them. Raises what Triton raises
+        (compiler/runtime/compile_pool.py); this thread only loads them. Raises what Triton raises
         for a kernel that does not compile (CompileCrash for one that kills the compiler)."""
         device = torch.device(device)
         if device.type != "cuda":

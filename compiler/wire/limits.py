@@ -23,7 +23,7 @@ class WireLimits:
     max_constant_bytes: int = 1024 * 1024  # all inline constants together
     max_name_chars: int = 128  # node and input names
     max_str_chars: int = 1024  # string arguments
-    # Work of validation (meta execution): each node's price from wire_schema.meta_cost
+    # Work of validation (meta execution): each node's price from schema.meta_cost
     # (1 = a cheap op, about 0.1 ms) summed before anything runs, and a wall-clock bound.
     max_validation_cost: int = 200_000
     max_validation_ms: int = 20_000

@@ -2,7 +2,7 @@
 
 A graph travels as JSON (see docs/wire-format.md). `from_wire` checks every field against
 the schema, resolves ops against the aten/prims allowlist, checks the size limits of
-`compiler.settings`, and runs the graph on meta tensors to check that every node's
+`compiler.wire.limits`, and runs the graph on meta tensors to check that every node's
 declared result matches what its op gives. Names are canonicalised to positions
 (inputs and nodes `n0, n1, ...`, constants `c0, c1, ...`), so the canonical JSON depends
 only on the computation.
@@ -22,8 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from compiler.settings import WireLimits, limits
-from compiler.wire_decode import (
+from compiler.wire.decode import (
     ConstantSpec,
     GraphSpec,
     InputSpec,
@@ -34,9 +33,10 @@ from compiler.wire_decode import (
     object_budget,
     parse_document,
 )
-from compiler.wire_encode import encode_graph
-from compiler.wire_fx import build_fx, infer_meta
-from compiler.wire_schema import FORMAT, Ref, ValidationCancelled, WireError, encode_float
+from compiler.wire.encode import encode_graph
+from compiler.wire.fx import build_fx, infer_meta
+from compiler.wire.limits import WireLimits, limits
+from compiler.wire.schema import FORMAT, Ref, ValidationCancelled, WireError, encode_float
 
 __all__ = ["FORMAT", "Graph", "ValidationCancelled", "WireError", "from_wire", "parse_json",
            "to_graph", "to_wire"]

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from compiler.wire import Graph
-from compiler.wire_decode import TensorMeta
-from compiler.wire_schema import Ref
+from compiler.wire.decode import TensorMeta
+from compiler.wire.graph import Graph
+from compiler.wire.schema import Ref
 
 # (query, key, value, out, logsumexp, is_causal, scale, mask) argument positions per op
 # (mask: the additive attention bias or boolean mask; None where the op takes none; the

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from compiler.settings import WireLimits
-from compiler.wire_decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
-from compiler.wire_schema import GETITEM, Ref, ValidationCancelled, WireError, storage_extent
+from compiler.wire.decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
+from compiler.wire.limits import WireLimits
+from compiler.wire.schema import GETITEM, Ref, ValidationCancelled, WireError, storage_extent
 
 _META = torch.device("meta")
 # Ops returning a list whose length is ceil(size / split_size) rather than bounded by args.
