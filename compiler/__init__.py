@@ -1,10 +1,35 @@
 """kiln's compiler: the kiln.graph/1 wire format, keys, lowering, fusion, Triton codegen.
 
 Public names load lazily so that `import compiler` stays cheap (a service process that only
-parses wire graphs never imports Triton).
+parses wire graphs never imports Triton). The same names are imported under TYPE_CHECKING,
+so type checkers and readers can follow `compiler.X` to its definition;
+tests/test_package_faces.py keeps the two lists equal.
 """
 
+from typing import TYPE_CHECKING
+
 from compiler.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from compiler.lowering.decomposition_table import decompositions as decompositions
+    from compiler.runtime.built import Built as Built
+    from compiler.runtime.built import build as build
+    from compiler.runtime.execution import runs_on_cpu as runs_on_cpu
+    from compiler.scheduling.heuristics import heuristic_schedule as heuristic_schedule
+    from compiler.scheduling.schedule import KernelChoice as KernelChoice
+    from compiler.scheduling.schedule import Schedule as Schedule
+    from compiler.scheduling.schedule import ScheduleMismatch as ScheduleMismatch
+    from compiler.wire.graph import Graph as Graph
+    from compiler.wire.graph import ValidationCancelled as ValidationCancelled
+    from compiler.wire.graph import WireError as WireError
+    from compiler.wire.graph import from_wire as from_wire
+    from compiler.wire.graph import parse_json as parse_json
+    from compiler.wire.graph import to_wire as to_wire
+    from compiler.wire.inputs import random_inputs as random_inputs
+    from compiler.wire.keys import COMPILER_VERSION as COMPILER_VERSION
+    from compiler.wire.keys import Target as Target
+    from compiler.wire.keys import graph_hash as graph_hash
+    from compiler.wire.keys import tuning_key as tuning_key
 
 _PUBLIC = {
     # wire format and keys (compiler/wire/)

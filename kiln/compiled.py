@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln import degrade
+
+if TYPE_CHECKING:  # `import kiln` stays light: compiler loads when a graph is first compiled
+    import compiler
 
 # Rank of each implementation; a graph never moves down.
 LEVELS = {"eager": 0, "heuristic": 1, "tuned": 2}
@@ -30,13 +33,13 @@ class CompiledGraph:
         self.tag = tag  # the entry's name on the dashboard, sent with the graph
         # Set by describe() once kiln has converted the graph:
         self.key: str | None = None
-        self.graph: Any = None  # compiler.Graph
+        self.graph: compiler.Graph | None = None
         self.wire: dict[str, Any] | None = None  # the kiln.graph/1 dict sent to the service
-        self.target: Any = None  # compiler.Target
+        self.target: compiler.Target | None = None
         self.device = device or torch.device("cpu")  # where the kernels run
         self.level = "eager"
         self.origin = "eager"  # eager | local | cache | service
-        self.built: Any = None  # compiler.Built once built
+        self.built: compiler.Built | None = None  # once built
         self.final = False  # the service said all it will say: no background polling
         self._impl: Callable[..., Any] = gm
         self._lock = threading.Lock()
@@ -51,11 +54,12 @@ class CompiledGraph:
         args.clear()
         return impl(*inputs)
 
-    def describe(self, key: str, graph: Any, wire: dict[str, Any], target: Any) -> None:
+    def describe(self, key: str, graph: compiler.Graph, wire: dict[str, Any],
+                 target: compiler.Target) -> None:
         """What kiln made of the graph: set once, before anything is built."""
         self.key, self.graph, self.wire, self.target = key, graph, wire, target
 
-    def install(self, built: Any, level: str, origin: str) -> bool:
+    def install(self, built: compiler.Built, level: str, origin: str) -> bool:
         """Use `built` from the next call on, if `level` is above the current one.
         Returns whether it was installed."""
         with self._lock:

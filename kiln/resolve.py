@@ -123,7 +123,7 @@ class Resolver:
         return True
 
     @staticmethod
-    def _build(entry: CompiledGraph, schedule: Any) -> Any:
+    def _build(entry: CompiledGraph, schedule: compiler.Schedule) -> compiler.Built:
         """Build and load every kernel onto the device: whichever thread builds (the
         background poller, too) also pays Triton's compile, not the first call after the
         swap; a kernel that does not compile fails the build here, not the training step."""
@@ -139,7 +139,7 @@ class Resolver:
             degrade.add_seconds("precompile", time.perf_counter() - start)
         return built
 
-    def _store(self, key: str, level: str, built: Any) -> None:
+    def _store(self, key: str, level: str, built: compiler.Built) -> None:
         if self.cache is None:
             return
         try:
