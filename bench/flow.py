@@ -306,6 +306,8 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.models import add_case_arguments
+
     parser = argparse.ArgumentParser(prog="python -m bench.flow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     parser.add_argument("--models", type=lambda s: s.split(","),
@@ -321,12 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: redis-server on PATH, else the embedded serve)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "flow_h200.json")
     client = sub.add_parser("client", help="(internal) one case through backend='kiln'")
-    client.add_argument("--model", required=True)
-    client.add_argument("--step", required=True, choices=("infer", "train"))
-    client.add_argument("--device", default="cuda")
-    client.add_argument("--small", action="store_true")
+    add_case_arguments(client)
     client.add_argument("--measure", action="store_true")
-    client.add_argument("--iters", type=int, default=20)
     args = parser.parse_args(argv)
     if args.command == "client":
         record = run_client(args.model, args.step, args.device, args.small, args.measure, args.iters)

@@ -204,6 +204,8 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.models import add_case_arguments
+
     parser = argparse.ArgumentParser(prog="python -m bench.model_suite",
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -218,12 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="per measuring process, s")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "models_h200.json")
     one = sub.add_parser("step", help="(internal) measure one path of one case")
-    one.add_argument("--model", required=True)
-    one.add_argument("--step", required=True, choices=("infer", "train"))
+    add_case_arguments(one)
     one.add_argument("--path", required=True, choices=PATHS)
-    one.add_argument("--device", default="cuda")
-    one.add_argument("--small", action="store_true")
-    one.add_argument("--iters", type=int, default=20)
     args = parser.parse_args(argv)
     if args.command == "step":
         record = run_path(args.model, args.step, args.path, args.device, args.small, args.iters)

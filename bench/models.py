@@ -87,3 +87,13 @@ def step_fn(case: ModelCase, step: str, module: nn.Module, inputs: list[torch.Te
         loss.backward()
         return loss.detach()
     return train
+
+
+def add_case_arguments(parser: Any) -> None:
+    """The arguments naming one case of the set (model, step) and how to run it: the
+    internal per-case subcommands of bench/flow.py and bench/model_suite.py share them."""
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--step", required=True, choices=STEPS)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--iters", type=int, default=20)

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import fx
 
 from compiler.codegen import generate_kernel
@@ -30,24 +29,13 @@ VARIANTS = {"pointwise": ("pointwise",), "reduction": ("looped", "persistent", "
 
 def graphs() -> Iterator[tuple[str, fx.GraphModule, list[Any]]]:
     """Every corpus graph and every BENCH.md case at its tiny and small sizes."""
-    from bench.cases import cases
-    from compiler.lowering.tracing import trace_inference, trace_training
+    from bench.cases import traced_graphs
     from tests.corpus import corpus
     for case in corpus():
         yield f"corpus/{case.name}", case.gm, case.example_inputs
     for scale in ("tiny", "small"):
-        for bench in cases(scale=scale):
-            torch.manual_seed(0)
-            module, inputs = bench.make(torch.device("cpu"))
-            if bench.train:
-                for p in module.parameters():
-                    p.requires_grad_(True)
-                fwd, bwd, fi, bi = trace_training(module, inputs)
-                yield f"bench/{scale}/{bench.name}.fwd", fwd, fi
-                yield f"bench/{scale}/{bench.name}.bwd", bwd, bi
-            else:
-                gm, gi = trace_inference(module.eval(), inputs)
-                yield f"bench/{scale}/{bench.name}", gm, gi
+        for name, gm, inputs in traced_graphs(scale):
+            yield f"bench/{scale}/{name}", gm, inputs
 
 
 def _names(nodes: list[fx.Node]) -> list[str]:
