@@ -6,7 +6,14 @@
 3. group the realized nodes in topological order: a node joins an earlier related kernel
    over the same domain (pointwise chains, producers into reductions, reductions with
    their consumers, epilogues into matmuls) when its inputs are ready before that kernel
-   runs and code generation accepts the group; otherwise it starts a kernel.
+   runs and code generation accepts the group; otherwise it starts a kernel;
+4. a value that step 3 left inlined into two or more kernels (each would recompute it) is
+   realized and the nodes grouped again, unless it is cheap: a few ops reading at most one
+   large buffer the graph computes, and not inside another such value. Otherwise a chain
+   of them (a transformer's residual stream, x = x + f(x) per layer) would make each
+   layer's kernel recompute every layer before it. A realized value joins one kernel like
+   any other member, which stores it only when another kernel reads it, so
+   single-consumer fusion (prologues, epilogues) is unchanged.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from compiler.codegen.writer import Writer
 from compiler.ir import Domain, ExternStep, KernelGroup, Step, TensorMeta, ViewStep, base_name, meta
 
 DEFAULT_VARIANT = {"pointwise": "pointwise", "reduction": "looped", "matmul": "triton"}
+CHEAP_OPS = 4  # a value several kernels read may be recomputed by each: up to this many ops
 
 
 def classify(gm: fx.GraphModule) -> dict[fx.Node, str]:
@@ -129,6 +137,17 @@ class _Planner:
             if self.kinds[n] in ("extern", "matmul"):
                 for a in n.all_input_nodes:
                     self.need_buffer(a)
+        while True:  # ends: every round realizes at least one more node
+            steps, groups = self.group()
+            shared = self.shared_values(groups)
+            if not shared:
+                break
+            self.realized |= shared
+            self.deps_cache.clear()
+        self.mark_stored(groups, steps)
+        return steps
+
+    def group(self) -> tuple[list[Step], list[KernelGroup]]:
         steps: list[Step] = []
         groups: list[KernelGroup] = []
         position: dict[fx.Node, int] = dict.fromkeys(self.sources, -1)
@@ -151,8 +170,62 @@ class _Planner:
                 groups.append(group)
                 steps.append(group)
             position[node] = group.position
-        self.mark_stored(groups, steps)
-        return steps
+        return steps, groups
+
+    def shared_values(self, groups: list[KernelGroup]) -> set[fx.Node]:
+        """Lazy values that two or more of `groups` would each compute, to be realized: those
+        not cheap, and those inside another such value (recomputing them would nest) unless
+        they read no large computed buffer at all (a few ops on graph inputs)."""
+        reach: dict[fx.Node, set[int]] = {}
+        for i, group in enumerate(groups):
+            for n in self.closure(group):
+                reach.setdefault(n, set()).add(i)
+
+        def handed_on(n: fx.Node) -> bool:  # a later value reaching the same kernels exists
+            return any(reach.get(u) == reach[n] and (self.kinds[u] != "view" or handed_on(u))
+                       for u in n.users)
+
+        # Of a chain of values that reach the same kernels, the last: the ones before it
+        # feed one kernel once it is realized (a later round takes any that still do not).
+        shared = {n for n, kernels in reach.items()
+                  if len(kernels) > 1 and self.kinds[n] in ("pointwise", "index")
+                  and not handed_on(n)}
+        nested = shared & self.upstream(shared)
+        return {n for n in shared if not self.cheap(n, computed_reads=0)
+                and (n in nested or not self.cheap(n, computed_reads=1))}
+
+    def upstream(self, nodes: set[fx.Node]) -> set[fx.Node]:
+        """Lazy nodes that computing `nodes` evaluates, `nodes` themselves left out."""
+        found: set[fx.Node] = set()
+        todo = [a for n in nodes for a in n.all_input_nodes]
+        while todo:
+            a = todo.pop()
+            if a not in found and not self.is_buffer(a):
+                found.add(a)
+                todo.extend(a.all_input_nodes)
+        return found
+
+    def ops(self, node: fx.Node, limit: int) -> int:
+        """Ops (views are free) that computing `node` evaluates, counted up to limit + 1."""
+        count, seen, todo = 0, {node}, [node]
+        while todo and count <= limit:
+            n = todo.pop()
+            count += self.kinds[n] != "view"
+            for a in n.all_input_nodes:
+                if a not in seen and not self.is_buffer(a):
+                    seen.add(a)
+                    todo.append(a)
+        return count
+
+    def cheap(self, node: fx.Node, computed_reads: int) -> bool:
+        """At most CHEAP_OPS ops, reading at most `computed_reads` buffers that the graph
+        computes and that are as large as `node` (graph inputs, constants and smaller
+        buffers, a bias or a row's max, are free). With one, each kernel that recomputes it
+        reads what it would read from a stored copy; a value made of two large computed
+        ones (x = x + f(x)) is not cheap, so recomputation cannot compound along a chain."""
+        numel = meta(node).numel
+        large = [d for d in self.deps(node) if d not in self.sources and meta(d).numel >= numel]
+        return len(large) <= computed_reads and self.ops(node, CHEAP_OPS) <= CHEAP_OPS
 
     def new_group(self, node: fx.Node, kind: str, pos: int) -> KernelGroup:
         m = meta(node)

@@ -77,3 +77,28 @@ def test_groups_come_from_the_graph_alone() -> None:
     gpu = compiler.heuristic_schedule(gm, {"device_type": "cuda", "arch": "sm_90"}, [x]).to_json()
     assert one == compiler.heuristic_schedule(gm, None, [x]).to_json()
     assert [k["nodes"] for k in one["kernels"]] == [k["nodes"] for k in gpu["kernels"]]
+
+
+def _residual_stack(layers: int) -> tuple[compiler.Built, torch.Tensor]:
+    ws = [rand((32, 32), seed=20 + i, low=-0.2, high=0.2) for i in range(layers)]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        for w in ws:  # x = x + f(x): the residual stream of an eval-mode transformer
+            x = x + torch.relu(F.layer_norm(x, (32,)) @ w)
+        return F.layer_norm(x, (32,))
+
+    x = rand((8, 32), seed=19)
+    return check(fn, x, tol=(1e-4, 1e-4)), x
+
+
+def test_residual_stream_is_stored_once_not_recomputed_per_layer() -> None:
+    three, _ = _residual_stack(3)
+    eight, _ = _residual_stack(8)
+    assert len(eight.kernels) > len(three.kernels)
+    assert {k.source_hash for k in eight.kernels} == {k.source_hash for k in three.kernels}
+    assert max(len(k.nodes) for k in eight.kernels) == max(len(k.nodes) for k in three.kernels)
+
+
+def test_cheap_value_of_graph_inputs_is_recomputed_by_each_kernel() -> None:
+    built = check(lambda x: ((x * 2 + 1).sum(0), (x * 2 + 1).sum(1)), rand((6, 10), seed=21))
+    assert len(built.kernels) == 2  # each reduction computes x * 2 + 1; no kernel stores it
