@@ -4,8 +4,8 @@ Triton lowers a kernel down to a cubin for `GPUTarget("cuda", cc, 32)` without a
 the CPU worker proves that every kernel of the schedule it publishes compiles for the
 target's architecture and fits it (shared memory, registers per block), and keeps what the
 compiled kernel says about itself for inspection: registers per thread, spills, shared
-memory, binary size. The launches come from `tuner.aot.launch_specs`; register and local
-memory counts from the cubin's resource table (`cuobjdump`, shipped with Triton).
+memory, binary size. Compiling and checking a launch is `tuner.aot.compile_launch`, the
+tuner's path too; this module adds the compile process, the facts stored and the job's error.
 
 The compile runs in a spawned process with the interpreter off (`compile_schedule`): a
 process that imported Triton under TRITON_INTERPRET=1, as the CPU worker does to check CPU
@@ -17,27 +17,17 @@ whose source hashes make sure it compiles exactly the kernels that are published
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing as mp
 import os
-import re
-import subprocess
-import tempfile
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 COMPILE_TIMEOUT_S = 900.0  # every kernel of one graph; past it the process is killed
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
-
-_RESOURCES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 
 
 class TargetCompileError(ValueError):
@@ -104,15 +94,15 @@ def _drop_pool(kill: bool) -> None:
 
 
 def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
-    """Compile every Triton kernel of `built` (a `compiler.Built`) for the CUDA `target`;
-    kernel name -> compile facts (kernels that are ATen calls alone have none). Raises `TargetCompileError` naming the kernel, the
-    target and the reason when one does not compile or does not fit. Needs a process
-    whose Triton was imported with the interpreter off (see `compile_schedule`)."""
+    """Compile every Triton kernel of `built` (a `compiler.Built`) for the CUDA `target`
+    through `tuner.aot.compile_launch`; kernel name -> compile facts (kernels that are ATen
+    calls alone have none). Raises `TargetCompileError` naming the kernel, the target and
+    the reason when one does not compile or does not fit. Needs a process whose Triton was
+    imported with the interpreter off (see `compile_schedule`)."""
     from tuner import aot
     from tuner.space import limits_for
 
-    if target.device_type != "cuda" or target.cc is None:
-        raise ValueError(f"compiling for the target needs a CUDA target, not {target.arch}")
+    aot.cuda_arch(target)  # ValueError for a target that is not CUDA sm_XY
     limits = limits_for(target)
     facts: dict[str, dict[str, Any]] = {}
     sources = {k.name: k.source_hash for k in built.kernels}
@@ -125,18 +115,11 @@ def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
         if binary in binaries:
             facts[spec.kernel] = dict(binaries[binary], compile_s=0.0)
             continue
-        start = time.monotonic()
-        compiled = _compile(spec, target)
-        found = _facts(compiled, target, time.monotonic() - start)
-        too_big = aot.shared_memory_error(spec, compiled, limits)
-        if too_big:
-            raise TargetCompileError(f"kernel {spec.kernel} does not fit {target.arch}: {too_big}")
-        threads = found["num_warps"] * 32
-        if found["registers"] is not None and found["registers"] * threads > limits.registers_per_block:
-            raise TargetCompileError(
-                f"kernel {spec.kernel} does not fit {target.arch}: {found['registers']} registers "
-                f"x {threads} threads exceed the {limits.registers_per_block} registers of a block")
-        facts[spec.kernel] = binaries[binary] = found
+        try:
+            compiled = aot.compile_launch(spec, target, limits)
+        except aot.AotError as exc:
+            raise TargetCompileError(str(exc)) from exc
+        facts[spec.kernel] = binaries[binary] = _facts(compiled, target)
     # An ATen call with no epilogue (a bare cuBLAS matmul) has no Triton code to compile.
     missing = [k.name for k in built.kernels if k.triton and k.name not in facts]
     if missing:
@@ -144,39 +127,9 @@ def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
     return facts
 
 
-def _compile(spec: Any, target: Any) -> Any:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    try:
-        return triton.compile(
-            ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
-            target=GPUTarget("cuda", target.cuda_arch, 32), options=spec.options)
-    except Exception as exc:  # Triton's errors span many types; all mean "does not compile"
-        raise TargetCompileError(
-            f"kernel {spec.kernel} does not compile for {target.arch} "
-            f"(config {spec.constexprs | spec.options}): {_reason(exc)}") from exc
-
-
-def _reason(exc: BaseException) -> str:
-    """One line saying why. A Triton CompilationError's text is "at L:C:" and the source
-    around the fault; the reason is the `error_message` somewhere down its cause chain."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("at "):
-        return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
-    why, inner = "", exc
-    while inner is not None and not why:
-        why = getattr(inner, "error_message", None) or ""
-        inner = inner.__cause__
-    return f"{type(exc).__name__} {lines[0]} {why or 'no reason given'}"[:500]
-
-
-def _facts(compiled: Any, target: Any, seconds: float) -> dict[str, Any]:
-    """What the compiled kernel's metadata and its cubin's resource table say."""
-    md = compiled.metadata
-    cubin = compiled.asm.get("cubin", b"")
-    usage = _resource_usage(cubin)
+def _facts(binary: Any, target: Any) -> dict[str, Any]:
+    """What a `tuner.aot.TargetBinary`'s metadata and its cubin's resource table say."""
+    md, usage = binary.compiled.metadata, binary.resources
     return {
         "arch": target.arch,
         "num_warps": int(md.num_warps),
@@ -187,30 +140,6 @@ def _facts(compiled: Any, target: Any, seconds: float) -> dict[str, Any]:
         "local_bytes": usage.get("local_bytes"),
         "stack_bytes": usage.get("stack_bytes"),
         "static_shared_bytes": usage.get("static_shared_bytes"),
-        "binary_bytes": len(cubin),
-        "compile_s": round(seconds, 3),
+        "binary_bytes": len(binary.compiled.asm.get("cubin", b"")),
+        "compile_s": round(binary.seconds, 3),
     }
-
-
-def _resource_usage(cubin: bytes) -> dict[str, int]:
-    """Registers, stack, static shared and local bytes of a cubin's one kernel, from
-    `cuobjdump --dump-resource-usage`; empty (logged) when the tool is missing or fails."""
-    try:
-        from triton import knobs
-
-        tool = knobs.nvidia.cuobjdump.path
-        with tempfile.TemporaryDirectory(prefix="kiln-cubin-") as tmp:
-            path = Path(tmp) / "kernel.cubin"
-            path.write_bytes(cubin)
-            out = subprocess.run([tool, "--dump-resource-usage", str(path)], capture_output=True,
-                                 text=True, timeout=60, check=True).stdout
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("no register counts for a kernel: cuobjdump failed (%s)", exc)
-        return {}
-    match = _RESOURCES.search(out)
-    if match is None:
-        log.warning("no register counts for a kernel: cuobjdump printed no resource table")
-        return {}
-    regs, stack, shared, local = (int(g) for g in match.groups())
-    return {"registers": regs, "stack_bytes": stack, "static_shared_bytes": shared,
-            "local_bytes": local}

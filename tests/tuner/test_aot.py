@@ -53,7 +53,8 @@ def test_kernels_compile_for_sm90_without_a_gpu_and_shared_memory_is_checked() -
         specs_ok, fits, too_big = pool.submit(_aot_checks).result()
     assert specs_ok
     assert fits is None
-    assert too_big and too_big.startswith("out_of_resources")
+    assert too_big and too_big.startswith("out_of_resources: kernel ")
+    assert "does not fit sm_90: needs" in too_big
 
 
 def test_precompile_reports_each_candidate() -> None:
