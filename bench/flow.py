@@ -51,35 +51,23 @@ def run_client(model: str, step: str, device_name: str, small: bool, measure: bo
     import torch
 
     import kiln
-    from bench.measure import rel_error, synchronizer, wall_ms
-    from bench.models import MODELS, step_fn
+    from bench.measure import Reference, first_step, synchronizer, wall_ms
+    from bench.models import instantiate, step_fn
     from kiln import degrade
 
     device = torch.device(device_name)
     sync = synchronizer(device)
-
-    case = MODELS[model]
-    torch.manual_seed(0)
-    module, inputs = case.make(device, small)
+    case, module, inputs = instantiate(model, device, small)
     eager_step = step_fn(case, step, module, inputs)
     record: dict[str, Any] = {"model": model, "step": step}
     if measure:
-        want = eager_step()
-        want_grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        reference = Reference.of(eager_step, module)
         record["eager_wall_ms"] = wall_ms(eager_step, sync, iters)
     compiled = torch.compile(module, backend=kiln.remote_compile)  # = backend="kiln" installed
     kiln_step = step_fn(case, step, compiled, inputs)
-    sync()
-    start = time.perf_counter()
-    got = kiln_step()
-    sync()
-    record["first_step_s"] = round(time.perf_counter() - start, 3)
+    got, record["first_step_s"] = first_step(kiln_step, sync)
     if measure:
-        record["error_vs_eager"] = rel_error(got, want)
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        if want_grads and len(grads) == len(want_grads):
-            record["max_grad_error_vs_eager"] = max(
-                rel_error(g, w) for g, w in zip(grads, want_grads, strict=True))
+        record.update(reference.errors(got, module))
         record["kiln_wall_ms"] = wall_ms(kiln_step, sync, iters)
     record["stats"] = kiln.stats()
     record["warned"] = sorted(degrade.warned())

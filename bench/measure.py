@@ -13,9 +13,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -69,3 +71,37 @@ def rel_error(got: Any, want: Any) -> float:
     """||got - want|| / ||want|| in float64."""
     got, want = got.detach().double(), want.detach().double()
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def first_step(step: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
+    """Run the first step (compile included) to completion: its result and seconds."""
+    sync()
+    start = time.perf_counter()
+    result = step()
+    sync()
+    return result, round(time.perf_counter() - start, 3)
+
+
+@dataclass
+class Reference:
+    """Eager's result of one step and the gradients it left, one per parameter (None where
+    a parameter got none)."""
+
+    output: Any
+    grads: list[torch.Tensor | None]
+
+    @classmethod
+    def of(cls, step: Callable[[], Any], module: nn.Module) -> Reference:
+        output = step()
+        return cls(output, [p.grad.clone() if p.grad is not None else None
+                            for p in module.parameters()])
+
+    def errors(self, got: Any, module: nn.Module) -> dict[str, float]:
+        """`error_vs_eager` of a step's result and, after a training step,
+        `max_grad_error_vs_eager` over the parameters' gradients."""
+        found = {"error_vs_eager": rel_error(got, self.output)}
+        pairs = [(p.grad, want) for p, want in zip(module.parameters(), self.grads, strict=True)
+                 if p.grad is not None and want is not None]
+        if pairs:
+            found["max_grad_error_vs_eager"] = max(rel_error(g, w) for g, w in pairs)
+        return found

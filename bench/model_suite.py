@@ -33,7 +33,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +54,13 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     """In a fresh process: one path of one case, measured (see the module doc)."""
     import torch
 
-    from bench.measure import gpu_ms, host_ms, rel_error, synchronizer, wall_ms
-    from bench.models import MODELS, step_fn
+    from bench.measure import Reference, first_step, gpu_ms, host_ms, synchronizer, wall_ms
+    from bench.models import instantiate, step_fn
 
     device = torch.device(device_name)
     sync = synchronizer(device)
-    case = MODELS[model]
-    torch.manual_seed(0)
-    module, inputs = case.make(device, small)
-    eager_step = step_fn(case, step, module, inputs)
-    want = eager_step()
-    params = [p for p in module.parameters() if p.requires_grad]
-    want_grads = [p.grad.clone() if p.grad is not None else None for p in params]
+    case, module, inputs = instantiate(model, device, small)
+    reference = Reference.of(step_fn(case, step, module, inputs), module)
     if path == "eager":
         run = module
     elif path == "inductor":
@@ -78,17 +72,10 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     compiled_step = step_fn(case, step, run, inputs)
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
     before = _binaries(cache)
-    sync()
-    start = time.perf_counter()
-    got = compiled_step()
-    sync()
-    record: dict[str, Any] = {"path": path, "first_s": round(time.perf_counter() - start, 3),
+    got, seconds = first_step(compiled_step, sync)
+    record: dict[str, Any] = {"path": path, "first_s": seconds,
                               "kernels_compiled": _binaries(cache) - before,
-                              "error_vs_eager": rel_error(got, want)}
-    grads = [p.grad for p in params]
-    pairs = [(g, w) for g, w in zip(grads, want_grads, strict=True) if g is not None and w is not None]
-    if pairs:
-        record["max_grad_error_vs_eager"] = max(rel_error(g, w) for g, w in pairs)
+                              **reference.errors(got, module)}
     compiled_step()  # settle: CUDA graph capture, swapped-in schedules
     record["wall_ms"] = wall_ms(compiled_step, sync, iters)
     record["host_ms"] = host_ms(compiled_step, sync, iters)
@@ -96,7 +83,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     if path.startswith("kiln"):
         import kiln
 
-        record["stats"] = {k: v for k, v in kiln.stats().items()}
+        record["stats"] = kiln.stats()
     return record
 
 

@@ -62,6 +62,15 @@ MODELS: dict[str, ModelCase] = {
 STEPS = ("infer", "train")
 
 
+def instantiate(model: str, device: torch.device, small: bool
+                ) -> tuple[ModelCase, nn.Module, list[torch.Tensor]]:
+    """A case of the set with its module and inputs, seeded (every process draws the same)."""
+    case = MODELS[model]
+    torch.manual_seed(0)
+    module, inputs = case.make(device, small)
+    return case, module, inputs
+
+
 def loss_of(out: torch.Tensor) -> torch.Tensor:
     """BENCH.md's training loss."""
     return out.float().sin().mean()
