@@ -195,11 +195,12 @@ def _serve_gpus(spec: str | None, embedded_queue: bool, api_processes: int) -> l
 
     if spec is None:
         spec = "all" if embedded_queue else "none"
-    if api_processes > 1 and spec.strip().lower() != "none":
+    none = spec.strip().lower() in ("none", "")
+    if api_processes > 1 and not none:
         raise SystemExit("kiln serve: --gpus with --workers > 1 would tune on every GPU once per "
                          "process; run `kiln worker --device cuda:N` instead")
-    try:
-        return choose_gpus(spec, visible_gpus() if spec.strip().lower() != "none" else 0)
+    try:  # `none` asks nothing of CUDA
+        return [] if none else choose_gpus(spec, visible_gpus())
     except GpuChoiceError as exc:
         raise SystemExit(f"kiln serve: {exc}") from None
 
