@@ -10,6 +10,8 @@ anything uses them: a malformed answer is an error, never a crash later.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import http.client
 import io
 import json
@@ -57,6 +59,19 @@ class Job:
     id: str
     status: str  # queued | running | done | failed
     error: str | None = None
+
+
+@dataclass
+class Binary:
+    """A compiled kernel from the service: its kernel's source hash, and its files, each
+    `name -> (sha256 the service recorded, bytes)`."""
+
+    key: str
+    source_hash: str
+    files: dict[str, tuple[str, bytes]]
+
+
+BINARY_KEYS_PER_REQUEST = 128  # a query string of 128 keys stays well under 16 KiB
 
 
 class ServiceClient:
@@ -110,6 +125,25 @@ class ServiceClient:
         error = doc.get("error")
         return Job(id=str(job_id), status=doc["status"],
                    error=error if isinstance(error, str) else None)
+
+    def binaries(self, keys: list[str]) -> dict[str, Binary]:
+        """GET /v1/binaries: the compiled kernels the service holds among `keys` (Triton
+        cache keys), decoded and shape-checked, not yet verified (`kiln.binaries` checks
+        each file's sha256 and the kernel's source hash). Asks again for what an answer
+        left out to stay small."""
+        found: dict[str, Binary] = {}
+        todo = list(dict.fromkeys(keys))
+        while todo:
+            batch, todo = todo[:BINARY_KEYS_PER_REQUEST], todo[BINARY_KEYS_PER_REQUEST:]
+            status, doc = self._request("GET", f"/v1/binaries?keys={','.join(batch)}")
+            if status != 200:
+                raise self._unexpected(status, doc)
+            got, left_out = _parse_binaries(doc, set(batch))
+            if not got and left_out:
+                raise ServiceError("malformed", "binaries answer sent none of what it found")
+            found.update(got)
+            todo = left_out + todo
+        return found
 
     # -- `kiln stats` ----------------------------------------------------------------------
 
@@ -309,3 +343,28 @@ def _error_message(doc: Any) -> str:
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _parse_binaries(doc: Any, asked: set[str]) -> tuple[dict[str, Binary], list[str]]:
+    """The binaries of a `/v1/binaries` answer (only keys that were asked), and the keys it
+    left out; ServiceError("malformed") for anything not of that shape."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("binaries"), list) \
+            or not isinstance(doc.get("left_out", []), list):
+        raise ServiceError("malformed", f"binaries answer of the wrong shape: {_short(doc)}")
+    found: dict[str, Binary] = {}
+    for item in doc["binaries"]:
+        try:
+            key, source_hash = item["key"], item["source_hash"]
+            files = {f["name"]: (f["sha256"], base64.b64decode(f["data"], validate=True))
+                     for f in item["files"]}
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise ServiceError("malformed", f"a binary in the answer is malformed: {exc}") from exc
+        if key not in asked or not isinstance(source_hash, str) or not all(
+                isinstance(name, str) and isinstance(digest, str)
+                for name, (digest, _) in files.items()):
+            raise ServiceError("malformed", f"binaries answer names key {str(key)[:16]!r} "
+                               "that was not asked, or fields of the wrong type")
+        found[key] = Binary(key, source_hash, files)
+    left_out = [k for k in doc.get("left_out", []) if isinstance(k, str) and k in asked
+                and k not in found]
+    return found, left_out

@@ -50,6 +50,7 @@ class Config:
     cache: bool = True  # use the local disk cache
     cache_max_bytes: int = DEFAULT_MAX_BYTES  # its size cap (least recently used go)
     background: bool = False  # compile off the training thread; run eagerly until ready
+    binaries: bool = True  # load kernels the service compiled (KILN_BINARIES=off: compile all)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -126,6 +127,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "KILN_RETRIES": ("retries", _non_negative(int)),
     "KILN_TAG": ("tag", lambda v: v or None),
     "KILN_BACKGROUND": ("background", _flag),
+    "KILN_BINARIES": ("binaries", _flag),
 }
 
 _FIELDS = {f.name for f in dataclasses.fields(Config)}

@@ -35,6 +35,9 @@ CAUSES: dict[str, str] = {
                  "tests), which is not on in this process",
     "cache": "the local schedule cache cannot be written",
     "config": "the kiln configuration is not valid",
+    "binary_refused": "a compiled kernel from the service failed its checks (sha256, source "
+                      "hash or files)",
+    "binary_load": "a compiled kernel from the service did not load",
 }
 
 _ACTIONS: dict[str, str] = {
@@ -54,6 +57,8 @@ _ACTIONS: dict[str, str] = {
     "cpu_eager": "running CPU graphs eagerly (plain PyTorch, faster than the interpreter)",
     "cache": "continuing without it",
     "config": "running graphs eagerly (plain PyTorch) until it is fixed",
+    "binary_refused": "compiling it here instead",
+    "binary_load": "compiling the graph's kernels here instead",
 }
 
 

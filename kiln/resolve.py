@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import compiler
+from compiler.runtime import compile_pool
 from kiln import degrade
+from kiln.binaries import ServiceBinaries
 from kiln.cache import ScheduleCache
 from kiln.client import Answer, ServiceClient, ServiceError
 from kiln.compiled import LEVELS, CompiledGraph
@@ -122,11 +124,12 @@ class Resolver:
         self._store(entry.key, "heuristic", built)  # a restart skips even the heuristic
         return True
 
-    @staticmethod
-    def _build(entry: CompiledGraph, schedule: compiler.Schedule) -> compiler.Built:
+    def _build(self, entry: CompiledGraph, schedule: compiler.Schedule) -> compiler.Built:
         """Build and load every kernel onto the device: whichever thread builds (the
         background poller, too) also pays Triton's compile, not the first call after the
-        swap; a kernel that does not compile fails the build here, not the training step."""
+        swap; a kernel that does not compile fails the build here, not the training step.
+        Kernels the service holds compiled binaries of are loaded instead of compiled
+        (`kiln.binaries`); should one not load, the graph's kernels are compiled here."""
         start = time.perf_counter()
         try:
             built = compiler.build(entry.graph, schedule)
@@ -134,10 +137,30 @@ class Resolver:
             degrade.add_seconds("build", time.perf_counter() - start)
         start = time.perf_counter()
         try:
-            built.precompile(entry.device)
+            source = self.binaries()
+            with compile_pool.binary_source(source) as placed:
+                try:
+                    built.precompile(entry.device)
+                except Exception as exc:
+                    if not placed:
+                        raise
+                    # A binary from the service did not load: take them all back and
+                    # compile here (nothing of theirs stays in Triton's cache or its JIT).
+                    degrade.warn_once("binary_load", f"{entry.key[:12]}: {type(exc).__name__}: "
+                                                     f"{str(exc)[:200]}")
+                    compile_pool.forget_binaries(placed, [i.fn for i in built.launches()])
+                    with compile_pool.binary_source(None):
+                        built.precompile(entry.device)
         finally:
             degrade.add_seconds("precompile", time.perf_counter() - start)
         return built
+
+    def binaries(self) -> ServiceBinaries | None:
+        """Where precompiling gets compiled kernels: the service, unless there is none, it
+        is down, or `KILN_BINARIES=off`."""
+        if self.client is None or not self.config.binaries or self.service_down():
+            return None
+        return ServiceBinaries(self.client)
 
     def _store(self, key: str, level: str, built: compiler.Built) -> None:
         if self.cache is None:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -224,6 +225,34 @@ class LookupCountRow(Base):
     # hit | unknown_graph | other_gpu | other_versions | other_compiler
     kind: Mapped[str] = mapped_column(String(32), primary_key=True)
     count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class KernelBinaryRow(Base):
+    """A kernel compiled for a target by the worker that compiled it, content-addressed by
+    Triton's cache key (Triton's version, the kernel's source and specialisation, target,
+    compile options). Opaque bytes to the service: stored and served, never loaded."""
+
+    __tablename__ = "kernel_binaries"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    source_hash: Mapped[str] = mapped_column(String(64), index=True)
+    arch: Mapped[str] = mapped_column(String(32))
+    kernel: Mapped[str] = mapped_column(String(200))  # a schedule's name for it (display)
+    size: Mapped[int] = mapped_column(Integer)  # bytes of all its files
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class KernelBinaryFileRow(Base):
+    """One file of a kernel binary (its metadata JSON, its cubin) with the sha256 the
+    worker computed when it stored it; clients check the bytes against it."""
+
+    __tablename__ = "kernel_binary_files"
+    key: Mapped[str] = mapped_column(
+        ForeignKey("kernel_binaries.key", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 Index("ix_schedules_last_used", ScheduleRow.last_used_at)

@@ -29,6 +29,8 @@ class Outcome:
     timings: dict[str, float | None] = field(default_factory=dict)
     measurements: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    # compiled kernels for a CUDA target (`service.target_compile.TargetCompile.binaries`)
+    binaries: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _kernels(built: Any, compiled: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -107,8 +109,10 @@ def compile_for_target(wire: str, target_json: dict[str, Any], outcome: Outcome)
     with metrics.timed("target_compile"):
         compiled = compile_schedule(wire, outcome.schedule)
     for kernel in outcome.kernels:
-        kernel["compiled"] = compiled.get(kernel["name"])
-    outcome.note = f"heuristic build, {len(compiled)} kernels compiled for {target_json.get('arch')}"
+        kernel["compiled"] = compiled.facts.get(kernel["name"])
+    outcome.binaries = compiled.binaries
+    outcome.note = (f"heuristic build, {len(compiled.facts)} kernels compiled for "
+                    f"{target_json.get('arch')}")
     return outcome
 
 
@@ -144,9 +148,29 @@ def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,
         times = [m["ms"] for m in measurements if m.get("kernel") == name
                  and m.get("config") == k["config"] and m.get("ms") is not None and m.get("verified")]
         k["tuned_ms"] = min(times) if times else None
-    return Outcome(
+    outcome = Outcome(
         schedule=built.schedule.to_json(), kernels=kernels, measurements=measurements,
         timings={"eager_ms": result.eager_ms, "heuristic_ms": result.heuristic_ms,
                  "tuned_ms": result.best_ms,
                  "tuning_s": getattr(result, "seconds", None) or time.monotonic() - start},
         note="; ".join([f"tuned: {len(measurements)} candidates measured", *result.errors])[:4000])
+    return _with_binaries(wire, target_json, outcome)
+
+
+def _with_binaries(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:
+    """A tuned CUDA schedule's kernel binaries and compile facts (what the heuristic build
+    gets from `compile_for_target`), so that a client on a hit compiles nothing. The tuner
+    compiled the winners already (mostly hits in Triton's cache); a failure here keeps the
+    tuned schedule, without binaries (clients compile them)."""
+    if target_json.get("device_type") != "cuda" or not outcome.kernels:
+        return outcome
+    try:
+        with metrics.timed("target_compile"):
+            compiled = compile_schedule(wire, outcome.schedule)
+    except Exception as exc:  # noqa: BLE001 - binaries are an optimisation
+        log.warning("no binaries for the tuned schedule: %s: %s", type(exc).__name__, exc)
+        return outcome
+    for kernel in outcome.kernels:
+        kernel["compiled"] = compiled.facts.get(kernel["name"])
+    outcome.binaries = compiled.binaries
+    return outcome

@@ -7,6 +7,11 @@ compiled kernel says about itself for inspection: registers per thread, spills, 
 memory, binary size. Compiling and checking a launch is `tuner.aot.compile_launch`, the
 tuner's path too; this module adds the compile process, the facts stored and the job's error.
 
+Each distinct kernel's binary (metadata and cubin, as Triton's cache keeps them) comes back
+too, under the Triton cache key a client's JIT computes for the launch (the compile
+specialises every launch as the client's `Built.precompile` does): the worker stores them
+(`service.store.binaries`) and clients fetch them instead of compiling.
+
 The compile runs in a spawned process with the interpreter off (`compile_schedule`): a
 process that imported Triton under TRITON_INTERPRET=1, as the CPU worker does to check CPU
 targets, has interpreted `tl.max`/`tl.sum` helpers and cannot compile for a real GPU. The
@@ -23,6 +28,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from typing import Any
 
 COMPILE_TIMEOUT_S = 900.0  # every kernel of one graph; past it the process is killed
@@ -35,10 +41,20 @@ class TargetCompileError(ValueError):
     the same way on every attempt, so the job fails at once with this message."""
 
 
+@dataclass
+class TargetCompile:
+    """What compiling a schedule for its target gave: kernel name -> compile facts, and one
+    binary record per distinct kernel binary: `{"key": Triton cache key, "kernel",
+    "source_hash", "arch", "files": {name: bytes}}` (`service.store.binaries` stores them)."""
+
+    facts: dict[str, dict[str, Any]]
+    binaries: list[dict[str, Any]] = field(default_factory=list)
+
+
 def compile_schedule(wire: str, schedule: dict[str, Any],
-                     timeout_s: float = COMPILE_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+                     timeout_s: float = COMPILE_TIMEOUT_S) -> TargetCompile:
     """Compile every kernel of `schedule` (JSON, source hashes filled, for a CUDA target)
-    for its target, in the compile process; kernel name -> compile facts. Raises
+    for its target, in the compile process: the compile facts and binaries. Raises
     `TargetCompileError` when a kernel does not compile or fit, RuntimeError when the
     compile process dies or runs past `timeout_s` (the worker retries those)."""
     future = _compile_pool().submit(_compile_in_child, wire, json.dumps(schedule))
@@ -56,7 +72,7 @@ def compile_schedule(wire: str, schedule: dict[str, Any],
 
 
 def _compile_in_child(wire: str, schedule_text: str) -> tuple[str, Any]:
-    """In the compile process: ("ok", facts) or ("error", the TargetCompileError's text)."""
+    """In the compile process: ("ok", TargetCompile) or ("error", the TargetCompileError's text)."""
     import compiler
 
     schedule = compiler.Schedule.from_json(json.loads(schedule_text))
@@ -93,12 +109,13 @@ def _drop_pool(kill: bool) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
+def compile_kernels(built: Any, target: Any) -> TargetCompile:
     """Compile every Triton kernel of `built` (a `compiler.Built`) for the CUDA `target`
-    through `tuner.aot.compile_launch`; kernel name -> compile facts (kernels that are ATen
-    calls alone have none). Raises `TargetCompileError` naming the kernel, the target and
+    through `tuner.aot.compile_launch`: kernel name -> compile facts (kernels that are ATen
+    calls alone have none), and the binary of each distinct kernel. Raises `TargetCompileError` naming the kernel, the target and
     the reason when one does not compile or does not fit. Needs a process whose Triton was
     imported with the interpreter off (see `compile_schedule`)."""
+    from compiler.runtime import compile_pool
     from tuner import aot
     from tuner.space import limits_for
 
@@ -107,6 +124,7 @@ def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
     facts: dict[str, dict[str, Any]] = {}
     sources = {k.name: k.source_hash for k in built.kernels}
     binaries: dict[str, dict[str, Any]] = {}  # one compile per distinct binary (layer twins)
+    records: dict[str, dict[str, Any]] = {}  # Triton cache key -> binary record
     for spec in aot.launch_specs(built):
         if spec.kernel in facts:  # another launch of the same kernel: the same binary
             continue
@@ -120,11 +138,15 @@ def compile_kernels(built: Any, target: Any) -> dict[str, dict[str, Any]]:
         except aot.AotError as exc:
             raise TargetCompileError(str(exc)) from exc
         facts[spec.kernel] = binaries[binary] = _facts(compiled, target)
+        if compiled.key is not None and compiled.key not in records:
+            records[compiled.key] = {"key": compiled.key, "kernel": spec.kernel,
+                                     "source_hash": sources.get(spec.kernel), "arch": target.arch,
+                                     "files": compile_pool.binary_files(compiled.compiled)}
     # An ATen call with no epilogue (a bare cuBLAS matmul) has no Triton code to compile.
     missing = [k.name for k in built.kernels if k.triton and k.name not in facts]
     if missing:
         raise TargetCompileError(f"kernels {missing} have no launch to compile for {target.arch}")
-    return facts
+    return TargetCompile(facts, list(records.values()))
 
 
 def _facts(binary: Any, target: Any) -> dict[str, Any]:

@@ -203,6 +203,11 @@ class Worker:
                                    outcome.timings)
             if outcome.measurements:
                 store.add_measurements(session, job.key, job.id, self.id, outcome.measurements)
+            if outcome.binaries:
+                try:
+                    store.add_binaries(session, outcome.binaries, self.id)
+                except store.BinaryRefused as exc:  # clients compile those kernels themselves
+                    log.warning("job %s: compiled kernels not stored: %s", job.id, exc)
             if stage == "build" and target_json["device_type"] != "cpu" and \
                     store.gpu_serves(session, queue_class, self._gpu_window_s()):
                 if store.hand_to_tuner(session, job, self.id):

@@ -9,8 +9,12 @@ do. The compiled kernel's metadata gives its shared memory, the cubin's resource
 
 The launch details (kernel function, argument dtypes, block sizes, options) come from
 `compiler.Built.launches()`, the compiler's public description of a built graph's launches.
-They carry no divisibility attributes, so these binaries are not the ones the JIT would
-build for a launch on aligned buffers (`compiler.runtime.compile_pool` captures those).
+Each launch is specialised by Triton's own JIT, run against a stand-in driver for the
+target (`compiler.runtime.compile_pool.standin_specialization`): argument types, 16-byte
+alignment of every pointer, constants and options exactly as the client's JIT computes them
+in `Built.precompile`, and compiled by `compile_pool.compile_spec`, the client's compile
+workers' path. So the binary lands under the Triton cache key the client's JIT looks up
+(`TargetBinary.key`), which is what the service stores and ships it by.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class LaunchSpec:
     constexprs: dict[str, int]
     options: dict[str, int]
     arg_dtypes: tuple[torch.dtype, ...] = ()
+    source: str = ""  # the kernel's generated source (a fresh JIT function is made from it)
+    source_hash: str = ""
 
 
 def launch_specs(built: Any) -> list[LaunchSpec]:
@@ -83,9 +89,12 @@ def launch_specs(built: Any) -> list[LaunchSpec]:
             name: "*" + _TL_DTYPES[d] for name, d in zip(fn.arg_names, dtypes, strict=False)
         }
         signature.update({k: "constexpr" for k in launch.constexprs})
+        kernel = next((k for k in built.kernels if k.name == launch.kernel), None)
         specs.append(
             LaunchSpec(
-                launch.kernel, fn, signature, dict(launch.constexprs), dict(launch.options), dtypes
+                launch.kernel, fn, signature, dict(launch.constexprs), dict(launch.options), dtypes,
+                kernel.source if kernel is not None else "",
+                kernel.source_hash if kernel is not None else "",
             )
         )
     return specs
@@ -99,22 +108,24 @@ def _compilable(built: Any, kernel: str, fn_name: str) -> Any:
     the file): the source held by `built.kernels` is re-checked against its sha256, then
     executed as a fresh module whose source `inspect` (hence Triton) finds in `linecache`.
     """
-    from compiler.runtime.built import source_hash
-
     found = next((k for k in built.kernels if k.name == kernel), None)
     if found is None:
         raise AotUnavailable(f"built graph has no kernel {kernel!r}")
-    if source_hash(found.source) != found.source_hash:
+    return _fresh_function(kernel, found.source, found.source_hash, fn_name)
+
+
+def _fresh_function(kernel: str, source: str, digest: str, fn_name: str) -> Any:
+    """A new module made from a kernel's hash-checked source, its `fn_name` function."""
+    from compiler.runtime.built import source_hash
+
+    if source_hash(source) != digest:
         raise AotUnavailable(f"kernel {kernel}: source does not match its sha256")
-    digest = found.source_hash
     filename = f"<kiln-aot kiln_{digest}.py>"
-    linecache.cache[filename] = (
-        len(found.source), None, found.source.splitlines(keepends=True), filename
-    )
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module = types.ModuleType(f"kiln_aot_{digest}")
     module.__file__ = filename
     with interpreter_off():
-        exec(compile(found.source, filename, "exec"), module.__dict__)  # noqa: S102 - hash-checked
+        exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - hash-checked
     return getattr(module, fn_name)
 
 
@@ -146,11 +157,14 @@ class AotError(RuntimeError):
 @dataclass(frozen=True)
 class TargetBinary:
     """One launch compiled for a target: Triton's compiled kernel, the resource counts of
-    its cubin (`resource_usage`) and the seconds `triton.compile` took."""
+    its cubin (`resource_usage`), the seconds `triton.compile` took, and the Triton cache
+    key it was compiled under when that is the key a client's JIT looks up for the launch
+    (None when the launch could not be specialised as the JIT does)."""
 
     compiled: Any
     resources: dict[str, int]
     seconds: float
+    key: str | None = None
 
 
 def cuda_arch(target: Any) -> int:
@@ -171,15 +185,22 @@ def compile_launch(spec: LaunchSpec, target: Any, limits: TargetLimits | None = 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from compiler.runtime import compile_pool
+
     arch = cuda_arch(target)
     limits = limits or limits_for(target)
+    jit = _jit_specialization(spec, arch)
     start = time.monotonic()
     try:
-        compiled = triton.compile(
-            ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
-            target=GPUTarget("cuda", arch, 32),
-            options=spec.options,
-        )
+        if jit is not None:
+            fn, data = jit
+            compiled = compile_pool.compile_spec(fn, data)
+        else:  # no JIT specialisation: plain signature (a binary no client looks up)
+            compiled = triton.compile(
+                ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs),
+                target=GPUTarget("cuda", arch, 32),
+                options=spec.options,
+            )
     except Exception as exc:  # Triton's errors span many types; all mean "does not compile"
         raise AotError(
             BUILD_ERROR,
@@ -191,7 +212,27 @@ def compile_launch(spec: LaunchSpec, target: Any, limits: TargetLimits | None = 
     why = fit_error(compiled, limits, resources.get("registers"))
     if why:
         raise AotError(OUT_OF_RESOURCES, f"kernel {spec.kernel} does not fit {target.arch}: {why}")
-    return TargetBinary(compiled, resources, seconds)
+    key = getattr(compiled, "hash", None) if jit is not None else None
+    return TargetBinary(compiled, resources, seconds, key)
+
+
+def _jit_specialization(spec: LaunchSpec, arch: int) -> tuple[Any, str] | None:
+    """A fresh JIT function for the launch's kernel and the specialization Triton's JIT
+    computes for the launch on aligned buffers of a `arch` GPU, or None (no source to make
+    the function from, or the JIT refuses the launch: the plain compile reports why)."""
+    from compiler.runtime import compile_pool
+
+    if not spec.source:
+        return None
+    try:
+        fn = _fresh_function(spec.kernel, spec.source, spec.source_hash,
+                             spec.fn.fn.__name__)
+        data = compile_pool.standin_specialization(fn, spec.arg_dtypes, spec.constexprs,
+                                                   spec.options, arch)
+    except Exception as exc:  # noqa: BLE001 - the plain compile below reports the real error
+        log.debug("kernel %s: no JIT specialisation (%s)", spec.kernel, exc)
+        return None
+    return (fn, data) if data is not None else None
 
 
 def fit_error(compiled: Any, limits: TargetLimits, registers: int | None = None) -> str | None:

@@ -22,14 +22,18 @@ this process, which it would kill too).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import multiprocessing as mp
 import os
+import re
+import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,16 +101,20 @@ def compile_job(job: CompileJob) -> str | None:
 
 
 def _compile(job: CompileJob) -> Any:
-    import triton
+    module = _modules.get(job.source_hash)
+    if module is None:
+        module = _modules[job.source_hash] = import_kernel(job.source, job.source_hash)
+    return compile_spec(getattr(module, job.fn_name), job.spec)
+
+
+def _decode(fn: Any, spec: str) -> tuple[Any, Any, dict[str, Any]]:
+    """Triton's ASTSource, GPUTarget and options for a specialization (JSON text), as the
+    JIT builds them for that launch: constants, attributes and options back from JSON."""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module = _modules.get(job.source_hash)
-    if module is None:
-        module = _modules[job.source_hash] = import_kernel(job.source, job.source_hash)
-    fn = getattr(module, job.fn_name)
-    data = json.loads(job.spec)
+    data = json.loads(spec)
 
     def listed(value: Any) -> Any:  # JSON made tuples lists (Triton's preload does the same)
         return tuple(value) if isinstance(value, list) else value
@@ -125,8 +133,38 @@ def _compile(job: CompileJob) -> Any:
     attrs = {tuple(k): v for k, v in zip(data["attrs_keys"], data["attrs_vals"], strict=True)}
     signature = {k: listed(v) for k, v in data["signature"].items()}
     options = {k: listed(v) for k, v in data["options"].items()}
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs),
-                          target=GPUTarget(**data["target"]), options=options)
+    return ASTSource(fn, signature, constexprs, attrs), GPUTarget(**data["target"]), options
+
+
+def compile_spec(fn: Any, spec: str) -> Any:
+    """`triton.compile` of the JIT function `fn` as specialised by `spec` (a launch's
+    specialization data, `specialization` or `standin_specialization`): the binary lands in
+    Triton's cache under the key the JIT looks up for that launch, `cache_key(fn, spec)`.
+    The one ahead-of-time compile of the client's workers, the service and the tuner."""
+    import triton
+
+    src, target, options = _decode(fn, spec)
+    return triton.compile(src, target=target, options=options)
+
+
+def cache_key(fn: Any, spec: str) -> str | None:
+    """The key under which `triton.compile` keeps (and finds) the binary of `fn` as
+    specialised by `spec` in Triton's cache: sha256 of Triton's version and sources, the
+    kernel's source and specialisation, the backend (ptxas version, arch), the options and
+    the cache-invalidating environment. What `compile_spec` computes before compiling, so a
+    binary compiled elsewhere under this key is the one this process's JIT would load. None
+    where this Triton adds something kiln cannot see (a stages-inspection hook)."""
+    from triton import knobs
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, make_backend
+    from triton.runtime.cache import get_cache_key
+
+    if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:
+        return None
+    src, target, options = _decode(fn, spec)
+    backend = make_backend(target)
+    parsed = backend.parse_options(dict(options, **src.parse_options()))
+    key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 # ---- in the building process ---------------------------------------------------------------
@@ -225,16 +263,19 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-_hook_lock = threading.Lock()
+_hook_lock = threading.RLock()  # a stand-in driver's capture holds it around its own
 _capturing = threading.local()
 
 
 def specialization(fn: Any, args: tuple, grid: tuple[int, ...], kwargs: dict[str, Any]) -> str | None:
     """What Triton's JIT would compile for `fn.warmup(*args, grid=grid, **kwargs)` on the
     current device, as its specialization data (JSON), without compiling; None when the
-    kernel is already loaded or this Triton does not report it."""
+    kernel is already loaded or this Triton does not report it. The data always names the
+    target (Triton 3.6 leaves it out) and carries `cache_key`: Triton's cache key for the
+    binary (`cache_key`), what the service's binaries are looked up by."""
     try:
         from triton import knobs
+        from triton.runtime.driver import driver
     except ImportError:
         return None
     captured: list[str] = []
@@ -254,13 +295,198 @@ def specialization(fn: Any, args: tuple, grid: tuple[int, ...], kwargs: dict[str
         finally:
             _capturing.on = False
             knobs.runtime.jit_cache_hook = previous
-    return captured[0] if captured and isinstance(captured[0], str) else None
+    if not captured or not isinstance(captured[0], str):
+        return None
+    data = json.loads(captured[0])
+    if "target" not in data:
+        data["target"] = dict(vars(driver.active.get_current_target()))
+    spec = json.dumps(data)
+    try:
+        data["cache_key"] = cache_key(fn, spec)
+    except Exception as exc:  # noqa: BLE001 - no key only means no binary from the service
+        log.debug("no Triton cache key for %s: %s", getattr(fn, "__name__", fn), exc)
+        data["cache_key"] = None
+    return json.dumps(data)
+
+
+class StandInDriver:
+    """What the JIT asks a CUDA driver before it compiles (device, stream, target), for a
+    GPU that is not here: with it, `fn.warmup` specialises a launch exactly as on that GPU."""
+
+    def __init__(self, arch: int) -> None:
+        self.arch = arch
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.arch, 32)
+
+
+def standin_specialization(fn: Any, arg_dtypes: tuple, constexprs: dict[str, Any],
+                           options: dict[str, Any], arch: int) -> str | None:
+    """`specialization` of a launch on 16-byte aligned buffers (what `Built.precompile`
+    asks the client's JIT for) for a CUDA GPU of compute capability `arch` (90 for sm_90)
+    that this process does not have: the JIT runs against a stand-in driver for the call.
+    `fn` must be a JIT function of its own (`tuner.aot` re-imports one per kernel): the JIT
+    keeps the stand-in's target in the function's per-device state. Only for processes that
+    launch nothing on a GPU while it runs (compile workers, the service's compile process)."""
+    from triton.runtime.driver import driver
+
+    with _hook_lock:  # one driver for the process: no other capture in between
+        saved = getattr(driver, "_active", None)
+        driver.set_active(StandInDriver(arch))
+        try:
+            return specialization(fn, tuple(arg_dtypes), (1,), {**constexprs, **options})
+        finally:
+            driver._active = saved
+
+
+# ---- compiled binaries in Triton's cache -------------------------------------------------
+# A binary's files as Triton's cache keeps them: `<kernel>.json` (metadata) and
+# `<kernel>.cubin`; the intermediate forms (ttir, ptx, ...) are not needed to load it.
+BINARY_SUFFIXES = (".json", ".cubin")
+_FILE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,150}\.(json|cubin)")
+
+
+def binary_files(compiled: Any) -> dict[str, bytes]:
+    """The files of a `triton.compile` result that loading it needs, by name, read from
+    Triton's cache (metadata and cubin)."""
+    files = {}
+    for name, path in compiled.metadata_group.items():
+        if name.endswith(BINARY_SUFFIXES) and not name.startswith("__grp__"):
+            with open(path, "rb") as f:
+                files[name] = f.read()
+    return files
+
+
+def check_binary_files(key: str, files: dict[str, bytes]) -> str | None:
+    """Why `files` are not one kernel binary that `install_binary` may write under `key`
+    (names, the metadata's own hash and name, the cubin beside it), or None."""
+    names = sorted(files)
+    if len(names) != 2 or not all(_FILE_NAME.fullmatch(n) for n in names):
+        return f"unexpected files {names[:4]}"
+    meta_name = next((n for n in names if n.endswith(".json")), None)
+    if meta_name is None or f"{meta_name[:-5]}.cubin" not in files:
+        return f"unexpected files {names}"
+    try:
+        meta = json.loads(files[meta_name])
+    except ValueError as exc:
+        return f"metadata is not JSON ({exc})"
+    if not isinstance(meta, dict) or meta.get("hash") != key:
+        return "its metadata names another cache key"
+    if meta.get("name") != meta_name[:-5]:
+        return "its metadata names another kernel"
+    return None
+
+
+def is_cached(key: str, fn_name: str) -> bool:
+    """Whether Triton's cache holds a loadable binary under `key` for kernel `fn_name`."""
+    from triton.runtime.cache import get_cache_manager
+
+    metadata = f"{fn_name[:150]}.json"
+    group = get_cache_manager(key).get_group(metadata)
+    return bool(group) and metadata in group
+
+
+def install_binary(key: str, files: dict[str, bytes]) -> None:
+    """Write a binary's files (checked by `check_binary_files`; raises ValueError
+    otherwise) into Triton's cache under `key`, with the group record that makes the JIT
+    find them: its next launch with that specialisation loads them without compiling."""
+    from triton.runtime.cache import get_cache_manager
+
+    why = check_binary_files(key, files)
+    if why is not None:
+        raise ValueError(why)
+    manager = get_cache_manager(key)
+    group = {name: manager.put(data, name, binary=True) for name, data in sorted(files.items())}
+    manager.put_group(next(n for n in files if n.endswith(".json")), group)
+
+
+def remove_binary(key: str) -> None:
+    """Delete what Triton's cache holds under `key` (a binary that did not load)."""
+    from triton.runtime.cache import get_cache_manager
+
+    directory = getattr(get_cache_manager(key), "cache_dir", None)
+    if directory and os.path.isdir(directory):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def forget_binaries(keys: list[str], fns: list[Any]) -> None:
+    """Take back binaries installed under `keys`: delete them from Triton's cache, and drop
+    the kernels the JIT functions `fns` made of them, so that the next warmup compiles."""
+    gone = set(keys)
+    for key in gone:
+        remove_binary(key)
+    for fn in fns:
+        for caches in list(getattr(fn, "device_caches", {}).values()):
+            kernels = caches[0] if isinstance(caches, tuple) and caches else None
+            if isinstance(kernels, dict):
+                for k in [k for k, v in kernels.items() if getattr(v, "hash", None) in gone]:
+                    del kernels[k]
+
+
+# A function that takes compile jobs whose binaries are not in Triton's cache, writes those
+# it can get (`install_binary`) and returns the cache keys it wrote; set per thread.
+BinarySource = Callable[[list[CompileJob]], set[str]]
+_sources = threading.local()
+
+
+def job_key(job: CompileJob) -> str | None:
+    """The Triton cache key `specialization` put in a job's data, or None."""
+    try:
+        key = json.loads(job.spec).get("cache_key")
+    except (ValueError, AttributeError):
+        return None
+    return key if isinstance(key, str) else None
+
+
+@contextmanager
+def binary_source(source: BinarySource | None) -> Iterator[list[str]]:
+    """While the block runs on this thread, `compile_ahead` asks `source` for the binaries
+    of the jobs Triton's cache lacks before compiling any; the list given to the block
+    collects the keys it installed (to take them back should one not load)."""
+    placed: list[str] = []
+    saved = getattr(_sources, "current", None)
+    _sources.current = (source, placed) if source is not None else None
+    try:
+        yield placed
+    finally:
+        _sources.current = saved
+
+
+def _not_cached(jobs: list[CompileJob]) -> list[CompileJob]:
+    """The jobs whose binaries are neither in Triton's cache nor obtained from this
+    thread's binary source (which writes them there)."""
+    keyed = [(job, job_key(job)) for job in jobs]
+    todo = [(job, key) for job, key in keyed if key is None or not is_cached(key, job.fn_name)]
+    current = getattr(_sources, "current", None)
+    asked = [job for job, key in todo if key is not None]
+    if current is None or not asked:
+        return [job for job, _ in todo]
+    source, placed = current
+    try:
+        got = source(asked)
+    except Exception as exc:  # noqa: BLE001 - binaries are an optimisation: compile instead
+        log.warning("kiln: fetching compiled kernels failed (%s: %s); compiling them here",
+                    type(exc).__name__, exc)
+        got = set()
+    placed.extend(sorted(got))
+    return [job for job, key in todo if key not in got]
 
 
 def compile_ahead(jobs: list[CompileJob]) -> int:
     """Compile `jobs` in the shared pool, so that loading them afterwards hits Triton's
-    cache; how many compiled there. Raises CompileCrash naming a kernel that kills the
-    compiler; other failures are left for the building thread to compile (and report)."""
+    cache; how many compiled there. Jobs whose binaries Triton's cache holds, or this
+    thread's binary source provides (`binary_source`), are not compiled. Raises
+    CompileCrash naming a kernel that kills the compiler; other failures are left for the
+    building thread to compile (and report)."""
+    jobs = _not_cached(jobs)
     pool = shared()
     if pool is None or len(jobs) < 2:  # one kernel compiles as fast here
         return 0

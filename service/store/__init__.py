@@ -10,10 +10,13 @@ transaction (nothing here commits); everything else calls these named functions.
 - tokens.py: API tokens and dashboard sessions (by hash).
 - lookup.py: the fast schedule read of `GET /v1/schedules/{key}` (no ORM).
 - admin.py: what the admin routes and the dashboard read; retention.py: `kiln db prune`.
+- binaries.py: compiled kernel binaries, stored by the worker that compiled them and
+  fetched by clients by Triton cache key.
 
 The names of jobs, entries and workers are re-exported here (`store.submit`, `store.claim`).
 """
 
+from service.store.binaries import BinaryRefused, add_binaries, binaries_by_keys
 from service.store.entries import (
     MISS_REASONS,
     READY,
@@ -59,6 +62,9 @@ from service.store.jobs import (
 from service.store.workers import beat, bury_dead_workers, gpu_serves, register_worker, stop_worker
 
 __all__ = [
+    "BinaryRefused",
+    "add_binaries",
+    "binaries_by_keys",
     "MISS_REASONS", "READY", "WIRE_PRUNED", "Submission", "add_event", "add_job_owner",
     "add_measurements", "adopt_untuned", "beat", "bury_dead_workers", "claim", "count_lookup",
     "enqueue_after_commit", "fail_attempt", "finish", "finish_failed", "gpu_serves",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -65,10 +66,17 @@ def test_nan_aware_reduction_variants_compile_for_sm_90(variant: str) -> None:
             k.config, XBLOCK=2, RBLOCK=512 if variant == "persistent" else 64))
         if k.kind == "reduction" else k for k in base.kernels)
     built = compiler.build(graph, dataclasses.replace(base, kernels=kernels))
-    facts = compile_schedule(json.dumps(wire), built.schedule.to_json())
-    assert set(facts) == {k.name for k in built.kernels}
-    for f in facts.values():
+    compiled = compile_schedule(json.dumps(wire), built.schedule.to_json())
+    assert set(compiled.facts) == {k.name for k in built.kernels}
+    for f in compiled.facts.values():
         _assert_facts(f, "sm_90")
+    # One binary per distinct kernel, under its Triton cache key: metadata and cubin.
+    sources = {k.source_hash for k in built.kernels}
+    assert {b["source_hash"] for b in compiled.binaries} == sources
+    for b in compiled.binaries:
+        assert re.fullmatch(r"[0-9a-f]{64}", b["key"]) and b["arch"] == "sm_90"
+        assert sorted(n.rsplit(".", 1)[1] for n in b["files"]) == ["cubin", "json"]
+        assert json.loads(next(d for n, d in b["files"].items() if n.endswith(".json")))["hash"] == b["key"]
 
 
 def _too_big() -> tuple[str, dict[str, Any]]:
