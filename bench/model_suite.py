@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -121,6 +122,11 @@ def _case_record(model: str, step: str, paths: dict[str, dict[str, Any]]) -> dic
         record[FIRST_KEY[path]] = r.get("first_s")
     if "kiln_tuned" in paths:
         record["kiln_hit_kernels_compiled"] = paths["kiln_tuned"].get("kernels_compiled")
+    for kiln_path in ("kiln_heuristic", "kiln_tuned"):
+        for base in ("eager", "inductor"):
+            ratio = _speedup(record.get(f"{base}_wall_ms"), record.get(f"{kiln_path}_wall_ms"))
+            if ratio is not None:
+                record[f"{kiln_path}_vs_{base}"] = ratio
     record["paths"] = paths
     return record
 
@@ -141,6 +147,30 @@ def _tuned_service(args: argparse.Namespace, workdir: Path, cases: list[tuple[st
     return service
 
 
+def _speedup(base_ms: float | None, kiln_ms: float | None) -> float | None:
+    """How many times faster kiln's step is than the base's (>1: kiln is faster)."""
+    return round(base_ms / kiln_ms, 3) if base_ms and kiln_ms else None
+
+
+def _geomeans(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Geometric mean of each `<kiln path>_vs_<base>` ratio over the cases that have it."""
+    keys = sorted({k for r in records for k in r if "_vs_" in k})
+    out = {}
+    for key in keys:
+        values = [r[key] for r in records if key in r]
+        out[key] = round(math.exp(sum(math.log(v) for v in values) / len(values)), 3)
+    return out
+
+
+def _merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`old` cases with `new` ones laid over them: a (model, step) measured again keeps the
+    paths it did not measure this time from `old`; the summary fields are made again."""
+    by_case = {(c["model"], c["step"]): dict(c["paths"]) for c in old}
+    for c in new:
+        by_case.setdefault((c["model"], c["step"]), {}).update(c["paths"])
+    return [_case_record(m, s, paths) for (m, s), paths in by_case.items()]
+
+
 def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -148,8 +178,8 @@ def _fmt(v: Any) -> str:
 def orchestrate(args: argparse.Namespace) -> int:
     import torch
 
-    cases = [(m, s) for m in args.models for s in (("train",) if m == "gpt_block_train"
-                                                   else ("infer", "train"))]
+    cases = [(m, s) for m in args.models for s in args.steps
+             if not (m == "gpt_block_train" and s == "infer")]
     workdir = Path(tempfile.mkdtemp(prefix="kiln-models-"))
     print(f"model suite: {len(cases)} cases x {len(args.paths)} paths; logs in {workdir}", flush=True)
     results: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
@@ -170,6 +200,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         finally:
             service.stop()
     records = [_case_record(m, s, results[(m, s)]) for m, s in cases]
+    if args.merge and args.out and args.out.exists():
+        records = _merged(json.loads(args.out.read_text())["cases"], records)
     print(f"\n{'case':<22}" + "".join(f"{p + ' ms':>20}" for p in args.paths)
           + "".join(f"{FIRST_KEY[p]:>18}" for p in args.paths))
     for r in records:
@@ -178,11 +210,17 @@ def orchestrate(args: argparse.Namespace) -> int:
               + "".join(f"{_fmt(r.get(FIRST_KEY[p])):>18}" for p in args.paths))
     failed = [f"{r['model']}.{r['step']} {p}: {v['error'][:200]}" for r in records
               for p, v in r["paths"].items() if "error" in v]
+    geomeans = _geomeans(records)
+    for key, value in geomeans.items():
+        print(f"geomean {key}: {value:.3f}x")
     for line in failed:
         print("FAILED", line)
-    result = {"command": " ".join(["python -m bench.model_suite", *sys.argv[1:]]),
+    command = " ".join(["python -m bench.model_suite", *sys.argv[1:]])
+    if args.merge and args.out and args.out.exists():
+        command = json.loads(args.out.read_text())["command"] + " ; " + command
+    result = {"command": command,
               "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-              "torch": torch.__version__, "cases": records}
+              "torch": torch.__version__, "geomeans": geomeans, "cases": records}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -198,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     parser.add_argument("--models", type=lambda s: s.split(","),
                         default=["gpt2", "resnet18", "gpt_block_train"])
+    parser.add_argument("--steps", type=lambda s: s.split(","), default=["infer", "train"])
     parser.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
+    parser.add_argument("--merge", action="store_true",
+                        help="lay the cases measured now over those already in --out (runs "
+                             "split over several calls)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke runs)")
     parser.add_argument("--iters", type=int, default=20, help="steps per timed round")

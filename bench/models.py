@@ -4,7 +4,9 @@ weights and inputs, each as an inference step and a training step.
 A `ModelCase` makes its module and inputs on a device and says how to run one step on
 them; the loss of a training step is `out.float().sin().mean()` (BENCH.md: a loss of
 squares after a final norm is invariant and its gradients are noise). Hugging Face
-`transformers` and `timm` are imported only by the cases that need them.
+`transformers` and `timm` are imported only by the cases that need them. The suite's
+default set is gpt2, resnet18 and gpt_block_train; `vit_b16` (timm ViT-B/16, b32 at 224 px)
+is a model none of kiln's work was aimed at, run with `--models vit_b16`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ def _resnet18(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.
     return model, [torch.randn(batch, 3, px, px, device=device, dtype=BF16)]
 
 
+def _vit(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
+    import timm
+
+    name, batch, px = (("vit_tiny_patch16_224", 2, 32) if small
+                       else ("vit_base_patch16_224", 32, 224))
+    model = timm.create_model(name, pretrained=False, img_size=px).to(device, BF16)
+    return model, [torch.randn(batch, 3, px, px, device=device, dtype=BF16)]
+
+
 def _gpt_block(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
     from bench.cases import case
 
@@ -57,6 +68,7 @@ MODELS: dict[str, ModelCase] = {
     "gpt2": ModelCase("gpt2", _gpt2,
                       lambda m, xs: m(input_ids=xs[0], use_cache=False).last_hidden_state),
     "resnet18": ModelCase("resnet18", _resnet18, lambda m, xs: m(*xs)),
+    "vit_b16": ModelCase("vit_b16", _vit, lambda m, xs: m(*xs)),
     "gpt_block_train": ModelCase("gpt_block_train", _gpt_block, lambda m, xs: m(*xs)),
 }
 STEPS = ("infer", "train")

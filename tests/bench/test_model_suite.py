@@ -29,3 +29,20 @@ def test_the_model_suite_measures_eager_and_kiln(tmp_path: Path) -> None:
     assert kiln["stats"]["builds"] == 2 and kiln["stats"]["eager"] == 0  # forward and backward
     assert kiln["error_vs_eager"] < 0.02 and kiln["max_grad_error_vs_eager"] < 0.05
     assert kiln["host_ms"] > 0 and kiln["gpu_ms"] is None  # no GPU here
+
+
+def test_a_merge_keeps_paths_measured_in_an_earlier_call_and_remakes_the_ratios() -> None:
+    from bench.model_suite import _case_record, _geomeans, _merged
+
+    first = [_case_record("gpt2", "train", {"eager": {"wall_ms": 2.0},
+                                           "inductor": {"wall_ms": 1.0, "first_s": 9.0}})]
+    second = [_case_record("gpt2", "train", {"kiln_heuristic": {"wall_ms": 0.5}}),
+              _case_record("resnet18", "infer", {"inductor": {"wall_ms": 1.0},
+                                                 "kiln_heuristic": {"wall_ms": 2.0}})]
+    gpt2, resnet = _merged(first, second)
+    assert gpt2["inductor_first_s"] == 9.0 and set(gpt2["paths"]) == {
+        "eager", "inductor", "kiln_heuristic"}
+    assert gpt2["kiln_heuristic_vs_eager"] == 4.0 and gpt2["kiln_heuristic_vs_inductor"] == 2.0
+    assert resnet["kiln_heuristic_vs_inductor"] == 0.5 and "kiln_heuristic_vs_eager" not in resnet
+    assert _geomeans([gpt2, resnet]) == {"kiln_heuristic_vs_eager": 4.0,
+                                         "kiln_heuristic_vs_inductor": 1.0}
