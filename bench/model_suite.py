@@ -143,7 +143,7 @@ def _tuned_service(args: argparse.Namespace, workdir: Path, cases: list[tuple[st
                                    small=args.small)
     for model, step in cases:
         flow._client(service, flow_args, model, step, False, workdir / f"submit-{model}-{step}")
-    flow._settle(service, args.timeout)
+    service.graphs = flow._graphs(service, flow._settle(service, args.timeout))
     return service
 
 
@@ -189,8 +189,14 @@ def orchestrate(args: argparse.Namespace) -> int:
             results[(model, step)][path] = _measure(args, workdir, model, step, path, extra)
             print(f"  {model}.{step} {path}: {results[(model, step)][path].get('wall_ms')}",
                   flush=True)
+    service_graphs: list[dict[str, Any]] = []
     if "kiln_tuned" in args.paths:
         service = _tuned_service(args, workdir, cases)
+        service_graphs = service.graphs
+        for g in service_graphs:
+            print(f"  service: {g['tag']} {g['status']} tune {g['tuning_s']} s; "
+                  f"heuristic {g['heuristic_ms']} ms, tuned {g['tuned_ms']} ms; {g['note']}",
+                  flush=True)
         try:
             for model, step in cases:
                 extra = {"KILN_URL": service.url, "KILN_MODE": "wait",
@@ -221,6 +227,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     result = {"command": command,
               "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
               "torch": torch.__version__, "geomeans": geomeans, "cases": records}
+    if service_graphs:
+        result["service_graphs"] = service_graphs  # each graph's tuning record (kiln_tuned)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
