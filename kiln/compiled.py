@@ -41,7 +41,9 @@ class CompiledGraph:
         self.origin = "eager"  # eager | local | cache | service
         self.built: compiler.Built | None = None  # once built
         self.final = False  # the service said all it will say: no background polling
-        self._impl: Callable[..., Any] = gm
+        # Takes the boxed list: the eager graph, or `Built.call_boxed`, which clears the
+        # list itself once it holds the inputs (each then dies at its last use).
+        self._impl: Callable[[list[Any]], Any] = self._eager
         self._lock = threading.Lock()
         # AOTAutograd's boxed calling convention: called with one list of inputs, which the
         # callee may clear so that activations are freed early. An instance attribute, so
@@ -49,10 +51,12 @@ class CompiledGraph:
         self._boxed_call = True
 
     def __call__(self, args: list[Any]) -> Any:
-        impl = self._impl  # read once: a concurrent swap affects only the next call
+        return self._impl(args)  # read once: a concurrent swap affects only the next call
+
+    def _eager(self, args: list[Any]) -> Any:
         inputs = list(args)
         args.clear()
-        return impl(*inputs)
+        return self.gm(*inputs)
 
     def describe(self, key: str, graph: compiler.Graph, wire: dict[str, Any],
                  target: compiler.Target) -> None:
@@ -67,7 +71,8 @@ class CompiledGraph:
                 return False
             swapped = self.level != "eager"
             self.built, self.level, self.origin = built, level, origin
-            self._impl = built
+            boxed = getattr(built, "call_boxed", None)
+            self._impl = boxed if boxed is not None else _unboxed(built)
         if swapped:
             degrade.count("swaps")
         return True
@@ -76,6 +81,17 @@ class CompiledGraph:
         key = self.key[:12] if self.key else None
         return (f"CompiledGraph({self.kind}, key={key}, level={self.level}, "
                 f"origin={self.origin})")
+
+
+def _unboxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
+    """A callable that takes its inputs as arguments, called with (and clearing) a list."""
+
+    def call(args: list[Any]) -> Any:
+        inputs = list(args)
+        args.clear()
+        return fn(*inputs)
+
+    return call
 
 
 def has_symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> bool:

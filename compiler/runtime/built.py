@@ -28,8 +28,10 @@ from compiler.runtime.execution import (
     KernelCall,
     Launch,
     is_interpreted,
+    slot_tree,
 )
 from compiler.runtime.kernel_files import import_kernel, source_hash
+from compiler.runtime.launcher import GraphLauncher, Plan
 from compiler.scheduling.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
 from compiler.scheduling.schedule import Schedule, ScheduleMismatch, validate_config
 
@@ -114,6 +116,12 @@ class Built:
             [slots[a] if isinstance(a, fx.Node) else Const(a) for a in outs]
             if isinstance(outs, (tuple, list)) and not any(isinstance(a, (list, tuple, dict)) for a in outs)
             else None)
+        plan = Plan(execs, self._inputs, [slot for slot, _ in self._consts],
+                    slot_tree(outs, slots), self._frees)
+        with_meta = [i for i, (_, m) in enumerate(self._inputs) if m is not None]
+        self._launcher = GraphLauncher(
+            plan, lambda launch, device: launch.kernel_for(device), self._constants,
+            self._check_one, self._check_all, with_meta[-1] if with_meta else None)
 
     @property
     def poison(self) -> bool | float:
@@ -126,6 +134,7 @@ class Built:
     def poison(self, value: bool | float) -> None:
         for launch in self._launches():
             launch.poison = value
+        self._launcher.reset()  # the generated launchers poison (or not) in their source
 
     def _launches(self) -> list[Launch]:
         found = []
@@ -169,16 +178,41 @@ class Built:
         return tuple(out) if isinstance(out, list) else out
 
     def __call__(self, *inputs: Any) -> Any:
-        """Run the graph: returns its outputs in wire order. On CUDA, calls after the
-        first replay a CUDA graph where that is cheaper (see compiler/runtime/cudagraphs.py)."""
+        """Run the graph: returns its outputs in wire order. Runs the graph's generated
+        launcher (compiler/runtime/launcher.py); on CUDA, calls after the first replay a
+        CUDA graph where that is cheaper (see compiler/runtime/cudagraphs.py)."""
+        return self._call(inputs, False)
+
+    def call_boxed(self, inputs: list[Any]) -> Any:
+        """AOTAutograd's boxed convention: the list is cleared once the graph holds its
+        inputs, so that each input is freed at its last use (saved activations in a
+        backward) instead of when the call returns."""
+        return self._call(inputs, True)
+
+    def _call(self, inputs: Sequence[Any], boxed: bool) -> Any:
         if self._graphs is not None:
             out = self._graphs(inputs)
             if out is not None:
                 return out
         elif self._cuda_inputs(inputs) and cudagraphs.enabled():
-            self._graphs = cudagraphs.GraphRunner(lambda xs: self._run(xs, None), len(self._execs))
+            self._graphs = cudagraphs.GraphRunner(lambda xs: self._launcher(xs, False),
+                                                  len(self._execs))
             self._graphs(inputs)
-        return self._run(inputs, None)
+        return self._launcher(inputs, boxed)
+
+    def launcher_source(self, device: torch.device | str = "cpu", mode: str = "jit") -> str:
+        """The generated launcher's source for `device` ("jit" mode: every launch through
+        Triton's JIT; see compiler/runtime/launcher.py)."""
+        return self._launcher.source(device, mode)
+
+    def _check_one(self, pos: int, value: Any) -> None:
+        slot, m = self._inputs[pos]
+        _check_input(slot, m, value)
+
+    def _check_all(self, inputs: Sequence[Any]) -> None:
+        for (slot, m), value in zip(self._inputs, inputs, strict=False):
+            if m is not None:
+                _check_input(slot, m, value)
 
     def _cuda_inputs(self, inputs: Sequence[Any]) -> bool:
         return any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)

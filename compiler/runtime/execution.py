@@ -177,11 +177,25 @@ class Call:
     def __init__(self, node: fx.Node, slots: dict[fx.Node, int]) -> None:
         self.target = node.target
         self.args = Args((node.args, node.kwargs), slots)
+        self.tree = slot_tree((node.args, dict(node.kwargs)), slots)  # for generated launchers
         self.slot = slots[node]
 
     def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
         args, kwargs = self.args.bind(env)
         env[self.slot] = self.target(*args, **kwargs)
+
+
+def slot_tree(tree: Any, slots: dict[fx.Node, int]) -> Any:
+    """`tree` (fx arguments: tuples, lists, dicts, constants) with its nodes as `Slot`s."""
+    if isinstance(tree, fx.Node):
+        return Slot(slots[tree])
+    if isinstance(tree, tuple):
+        return tuple(slot_tree(a, slots) for a in tree)
+    if isinstance(tree, list):
+        return [slot_tree(a, slots) for a in tree]
+    if isinstance(tree, dict):
+        return {k: slot_tree(v, slots) for k, v in tree.items()}
+    return tree
 
 
 class AtenMatmul:

@@ -1,0 +1,456 @@
+"""Per-graph launchers: one generated Python function runs all of a built graph's steps.
+
+`Built._run` interprets its steps (a loop over step objects, arguments bound per call,
+Triton's JIT dispatch per launch). A graph's call instead runs one flat function whose
+source is generated here from the built graph, as Inductor's wrapper does: inputs
+unpacked into locals and checked inline (shape, stride, dtype), buffers allocated with
+their sizes and strides written out, ATen ops called directly with their arguments
+written out, a kernel launched with its grid and block sizes written out, and each value
+deleted after its last use (a buffer whose value died is reused for a later one with the
+same layout when only kernels ever read it, so no view can alias it).
+
+The source is generated from the validated graph only (node slots, numbers, names chosen
+here; every other object is bound as a global of the function, never written as text),
+deterministically (`source(device, mode)`; the same graph gives the same text), and
+compiled with `compile()`. Nothing a client sent is executed.
+
+Launch modes, per device:
+- "jit": each launch calls the kernel's `fn[grid](*args, **constexprs, **options)`, the
+  normal Triton path (always on the CPU, where kernels run in the interpreter).
+- "record": as "jit", and each launch keeps what Triton's JIT returned (its
+  `CompiledKernel`) and whether each argument it did not allocate was 16-byte aligned
+  (what the JIT specialises a pointer on besides its dtype). The first call on a CUDA
+  device runs this mode.
+- "direct": from the second call on a CUDA device, each launch calls the compiled
+  kernel's launcher itself, `kernel.run(gx, gy, gz, stream, kernel.function,
+  kernel.packed_metadata, None, None, None, *args)` (Triton 3.6 and 3.9 both launch this
+  way from `JITFunction.run`), skipping the JIT's argument binding, specialisation and
+  cache lookup. It falls back to the "jit" function for the whole call when a Triton
+  launch hook is set, the current device is another one, or an input's alignment differs
+  from the recorded call's, and to the JIT for one launch when an argument an ATen call
+  produced is aligned differently. Any launch whose JIT result is not a compiled kernel
+  keeps the whole device on "jit".
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from compiler.runtime.execution import AtenMatmul, Call, Launch, Slot, _poison
+
+MODES = ("jit", "record", "direct")
+CPU = torch.device("cpu")
+
+RunFn = Callable[[Sequence[Any], bool], Any]
+
+
+class _Namespace:
+    """Globals of a generated function: every object the source refers to by name."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self._by_id: dict[tuple[str, int], str] = {}
+
+    def bind(self, prefix: str, value: Any) -> str:
+        """A global name for `value` (one name per object, numbered in order of use)."""
+        key = (prefix, id(value))
+        name = self._by_id.get(key)
+        if name is None:
+            name = f"{prefix}{sum(1 for k in self._by_id if k[0] == prefix)}"
+            self._by_id[key] = name
+            self.values[name] = value
+        return name
+
+    def literal(self, value: Any) -> str:
+        """Source for a constant argument: Python literals for ints, finite floats, bools,
+        None and strings; a global name for anything else (dtypes, devices, NaN, ...)."""
+        kind = type(value)
+        if value is None or kind is bool or kind is int or kind is str:
+            return repr(value)
+        if kind is float and math.isfinite(value):
+            return repr(value)
+        return self.bind("k", value)
+
+
+def _var(slot: int) -> str:
+    return f"v{slot}"
+
+
+def _render(tree: Any, ns: _Namespace) -> str:
+    """Source of an argument tree whose node references are `Slot`s."""
+    if type(tree) is Slot:
+        return _var(tree.index)
+    if isinstance(tree, tuple):
+        items = [_render(a, ns) for a in tree]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if isinstance(tree, list):
+        return f"[{', '.join(_render(a, ns) for a in tree)}]"
+    if isinstance(tree, dict):
+        return "{" + ", ".join(f"{ns.literal(k)}: {_render(v, ns)}" for k, v in tree.items()) + "}"
+    return ns.literal(tree)
+
+
+def _call_source(step: Call, ns: _Namespace) -> str:
+    """`v<slot> = <op>(args)`: the ATen op's C++ entry point called directly."""
+    args, kwargs = step.tree
+    if step.target is operator.getitem and not kwargs and len(args) == 2:
+        return f"{_var(step.slot)} = {_render(args[0], ns)}[{_render(args[1], ns)}]"
+    target = step.target
+    entry = getattr(target, "_op", None) if isinstance(target, torch._ops.OpOverload) else None
+    name = ns.bind("op", entry if entry is not None else target)
+    parts = [_render(a, ns) for a in args]
+    for key, value in kwargs.items():
+        if not (isinstance(key, str) and key.isidentifier()):
+            raise ValueError(f"keyword argument {key!r} is not an identifier")
+        parts.append(f"{key}={_render(value, ns)}")
+    return f"{_var(step.slot)} = {name}({', '.join(parts)})  # {target}"
+
+
+class Plan:
+    """What a graph's launcher needs from its `Built`, computed once: the steps, which
+    slots are inputs, constants and outputs, where each value dies, and which buffers
+    may be reused."""
+
+    def __init__(self, execs: list[Any], inputs: list[tuple[int, Any]], consts: list[int],
+                 outputs: Any, frees: list[list[int]]) -> None:
+        self.execs, self.inputs, self.consts = execs, inputs, consts
+        self.outputs, self.frees = outputs, frees
+        launches = [s.epilogue if isinstance(s, AtenMatmul) else s for s in execs]
+        self.launches: list[Launch] = [s for s in launches if isinstance(s, Launch)]
+        # Slots our launches allocate (aligned by the caching allocator; never foreign).
+        self.allocated = {o[0] for launch in self.launches for o in launch.outs}
+        self.reuse = self._plan_reuse()
+
+    def _plan_reuse(self) -> dict[int, int]:
+        """Allocation slot -> the dead slot whose buffer it takes over: a buffer of the
+        exact same shape, strides and dtype that kernels alone read (no ATen call or view
+        could have made an alias of it) and that is no output."""
+        read_by_other: set[int] = set()
+        for step in self.execs:
+            call = step.call if isinstance(step, AtenMatmul) else step
+            if isinstance(call, Call):
+                read_by_other |= _tree_slots(call.tree)
+        read_by_other |= _tree_slots(self.outputs)
+        private = self.allocated - read_by_other
+        layouts = {o[0]: (tuple(o[1]), tuple(o[2]), o[3]) for launch in self.launches
+                   for o in launch.outs}
+        pool: dict[Any, list[int]] = {}
+        reuse: dict[int, int] = {}
+        for i, step in enumerate(self.execs):
+            launch = step.epilogue if isinstance(step, AtenMatmul) else step
+            if isinstance(launch, Launch):
+                for slot, *_ in launch.outs:
+                    free = pool.get(layouts[slot])
+                    if free:
+                        reuse[slot] = free.pop()
+            for slot in self.frees[i]:
+                if slot in private:
+                    pool.setdefault(layouts[slot], []).append(slot)
+        return reuse
+
+
+def _tree_slots(tree: Any) -> set[int]:
+    if type(tree) is Slot:
+        return {tree.index}
+    if isinstance(tree, (list, tuple)):
+        return set().union(*(_tree_slots(a) for a in tree)) if tree else set()
+    if isinstance(tree, dict):
+        return set().union(*(_tree_slots(a) for a in tree.values())) if tree else set()
+    return set()
+
+
+class Recorded:
+    """One launch's first call on a CUDA device: what the JIT returned, and for each
+    argument the launch did not allocate, whether it was 16-byte aligned."""
+
+    __slots__ = ("aligned", "kernel")
+
+    def __init__(self, kernel: Any, aligned: tuple[bool, ...]) -> None:
+        self.kernel, self.aligned = kernel, aligned
+
+
+def is_compiled_kernel(kernel: Any) -> bool:
+    """Whether the JIT handed back a loaded compiled kernel whose launcher we can call."""
+    return (type(kernel).__name__ == "CompiledKernel"
+            and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")))
+
+
+def _arg_order(launch: Launch, nargs: int) -> list[Any] | None:
+    """The kernel's parameters in order: ints for positional argument positions, constexpr
+    values for the rest (what the JIT's binder hands the launcher). None when a parameter
+    is neither (the launch then stays on the JIT path)."""
+    names = getattr(launch.fn, "arg_names", None)
+    if names is None or len(names) < nargs:
+        return None
+    order: list[Any] = list(range(nargs))
+    for name in names[nargs:]:
+        if name not in launch.constexprs:
+            return None  # a defaulted parameter: leave binding to the JIT
+        order.append(_Constexpr(launch.constexprs[name]))
+    return order
+
+
+class _Constexpr:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def generate(plan: Plan, device: torch.device, mode: str,
+             kernel_for: Callable[[Launch], Any],
+             recorded: list[Recorded | None] | None = None) -> tuple[str, dict[str, Any]]:
+    """The source of `run(inputs, boxed)` for `device` in `mode`, and its globals.
+
+    `kernel_for(launch)` is the jitted function a launch calls on the JIT path;
+    `recorded` (mode "direct") holds each launch's `Recorded` first call."""
+    if mode not in MODES:
+        raise ValueError(f"unknown launcher mode {mode!r}")
+    ns = _Namespace()
+    ns.values.update(empty_strided=torch.empty_strided, poison=_poison, dev=device)
+    lines = ["def run(inputs, boxed):"]
+    emit = lines.append
+    n = len(plan.inputs)
+    emit(f"    if len(inputs) != {n}:")
+    emit(f"        raise ValueError(f'built graph takes {n} inputs, got {{len(inputs)}}')")
+    if n:
+        names = ", ".join(_var(slot) for slot, _ in plan.inputs)
+        emit(f"    {names}{',' if n == 1 else ''} = inputs")
+    checks = []
+    for pos, (slot, m) in enumerate(plan.inputs):
+        if m is None:
+            continue
+        v = _var(slot)
+        checks.append(f"        if {v}.shape != {tuple(m.shape)!r} or {v}.stride() != "
+                      f"{tuple(m.stride)!r} or {v}.dtype != {ns.literal(m.dtype)}:")
+        checks.append(f"            check({pos}, {v})")
+    if checks:
+        emit("    try:")
+        lines.extend(checks)
+        emit("    except AttributeError:")
+        emit("        check_all(inputs)")
+        emit("        raise")
+    index = {id(launch): i for i, launch in enumerate(plan.launches)}
+    input_slots = {slot for slot, _ in plan.inputs}
+    if mode == "direct":
+        assert recorded is not None
+        guards = ["RT.launch_enter_hook is not None", "RT.launch_exit_hook is not None",
+                  f"current_device() != {device.index}"]
+        seen: set[int] = set()
+        for launch, rec in zip(plan.launches, recorded, strict=True):
+            for slot, ok in zip(_foreign(plan, launch), rec.aligned if rec else (), strict=False):
+                if slot in input_slots and slot not in seen:
+                    seen.add(slot)
+                    guards.append(f"{'' if ok else 'not '}{_var(slot)}.data_ptr() & 15")
+        emit("    if (" + "\n            or ".join(guards) + "):")
+        emit("        return fallback(inputs, boxed)")
+        emit(f"    stream = current_stream({device.index})")
+    emit("    if boxed:")
+    emit("        inputs.clear()")
+    for slot in plan.consts:
+        emit(f"    {_var(slot)} = const{slot}")  # bound per device
+    kept = set(plan.reuse.values())
+    for i, step in enumerate(plan.execs):
+        if isinstance(step, Launch):
+            _launch_lines(step, index[id(step)], plan, ns, mode, kernel_for, recorded, emit)
+        elif isinstance(step, AtenMatmul):
+            emit(f"    {_call_source(step.call, ns)}")
+            if step.epilogue is not None:
+                _launch_lines(step.epilogue, index[id(step.epilogue)], plan, ns, mode,
+                              kernel_for, recorded, emit)
+        else:
+            emit(f"    {_call_source(step, ns)}")
+        dead = [_var(s) for s in plan.frees[i] if s not in kept]
+        if dead:
+            emit(f"    del {', '.join(dead)}")
+    outs = plan.outputs
+    if isinstance(outs, (list, tuple)):
+        emit(f"    return {_render(tuple(outs), ns)}")
+    else:
+        emit(f"    return {_render(outs, ns)}")
+    return "\n".join(lines) + "\n", ns.values
+
+
+def _foreign(plan: Plan, launch: Launch) -> list[int]:
+    """The launch's argument slots it did not allocate itself, in argument order."""
+    return [s for s in launch.in_slots if s not in plan.allocated]
+
+
+def _launch_lines(launch: Launch, i: int, plan: Plan, ns: _Namespace, mode: str,
+                  kernel_for: Callable[[Launch], Any], recorded: list[Recorded | None] | None,
+                  emit: Callable[[str], None]) -> None:
+    emit(f"    # {launch.name}")
+    for slot, shape, stride, dtype in launch.outs:
+        v = _var(slot)
+        if slot in plan.reuse:
+            old = _var(plan.reuse[slot])
+            emit(f"    {v} = {old}  # reused")
+            emit(f"    del {old}")
+        else:
+            emit(f"    {v} = empty_strided({tuple(shape)!r}, {tuple(stride)!r}, "
+                 f"dtype={ns.literal(dtype)}, device=dev)")
+        if launch.poison is not False:
+            emit(f"    poison({v}, {ns.literal(launch.poison)})")
+    if launch.empty:
+        return
+    args = [_var(s) for s in launch.in_slots] + [_var(o[0]) for o in launch.outs]
+    jit_call = _jit_call(launch, args, ns, kernel_for)
+    if mode == "jit":
+        emit(f"    {jit_call}")
+        return
+    foreign = _foreign(plan, launch)
+    if mode == "record":
+        aligned = "".join(f"{_var(s)}.data_ptr() & 15 == 0, " for s in foreign)
+        emit(f"    R[{i}] = ({jit_call}, ({aligned}))")
+        return
+    assert recorded is not None
+    rec = recorded[i]
+    order = _arg_order(launch, len(args))
+    if rec is None or order is None:
+        emit(f"    {jit_call}")
+        return
+    kernel = rec.kernel
+    grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    values = [args[o] if isinstance(o, int) else ns.literal(o.value) for o in order]
+    direct = (f"{ns.bind('L', kernel.run)}({grid[0]}, {grid[1]}, {grid[2]}, stream, "
+              f"{ns.bind('F', kernel.function)}, {ns.bind('M', kernel.packed_metadata)}, "
+              f"None, None, None, {', '.join(values)})")
+    inputs = {slot for slot, _ in plan.inputs}
+    guards = [f"{'' if ok else 'not '}{_var(s)}.data_ptr() & 15"
+              for s, ok in zip(foreign, rec.aligned, strict=True) if s not in inputs]
+    if guards:
+        emit(f"    if {' or '.join(guards)}:")
+        emit(f"        {jit_call}")
+        emit("    else:")
+        emit(f"        {direct}")
+    else:
+        emit(f"    {direct}")
+
+
+def _jit_call(launch: Launch, args: list[str], ns: _Namespace,
+              kernel_for: Callable[[Launch], Any]) -> str:
+    fn = ns.bind("K", kernel_for(launch)[launch.grid])
+    keywords = [f"{k}={ns.literal(v)}" for k, v in {**launch.constexprs, **launch.options}.items()]
+    return f"{fn}({', '.join(args + keywords)})"
+
+
+class GraphLauncher:
+    """A built graph's generated launchers, one per device (and launch mode)."""
+
+    def __init__(self, plan: Plan, kernel_for: Callable[[Launch, torch.device], Any],
+                 constants: Callable[[torch.device], list[tuple[int, torch.Tensor]]],
+                 check: Callable[[int, Any], None], check_all: Callable[[Sequence[Any]], None],
+                 device_input: int | None,
+                 direct: Callable[[torch.device], bool] = lambda device: device.type == "cuda",
+                 runtime: Callable[[RunFn], dict[str, Any]] | None = None) -> None:
+        """`direct(device)`: whether launches on `device` may go to compiled kernels'
+        launchers; `runtime(fallback)`: the direct function's globals that ask Triton's
+        driver (hooks, current device and stream) and its fallback (tests stand them in)."""
+        self.plan = plan
+        self._direct = direct
+        self._runtime = runtime or _direct_globals
+        self._kernel_for = kernel_for
+        self._constants = constants
+        self._check, self._check_all = check, check_all
+        self._device_input = device_input
+        self._fns: dict[torch.device, RunFn] = {}
+        self._lock = threading.Lock()
+        self.modes: dict[torch.device, str] = {}  # the mode each device runs now
+
+    def reset(self) -> None:
+        """Forget generated functions (after a change that alters the source: poison)."""
+        with self._lock:
+            self._fns.clear()
+            self.modes.clear()
+
+    def __call__(self, inputs: Sequence[Any], boxed: bool) -> Any:
+        pos = self._device_input
+        device = inputs[pos].device if pos is not None and len(inputs) > pos else CPU
+        fn = self._fns.get(device)
+        if fn is None:
+            fn = self._prepare(device)
+        return fn(inputs, boxed)
+
+    def source(self, device: torch.device | str, mode: str = "jit",
+               recorded: list[Recorded | None] | None = None) -> str:
+        """The generated source for `device` in `mode` (deterministic: tests, debugging)."""
+        device = torch.device(device)
+        return generate(self.plan, device, mode, lambda launch: self._kernel_for(launch, device),
+                        recorded)[0]
+
+    def compile(self, device: torch.device, mode: str,
+                recorded: list[Recorded | None] | None = None,
+                extra: dict[str, Any] | None = None) -> RunFn:
+        """Generate, compile and bind the function for `device` in `mode`."""
+        source, values = generate(self.plan, device, mode,
+                                  lambda launch: self._kernel_for(launch, device), recorded)
+        namespace: dict[str, Any] = {"__builtins__": __builtins__, **values,
+                                     "check": self._check, "check_all": self._check_all}
+        for slot, value in self._constants(device):
+            namespace[f"const{slot}"] = value
+        namespace.update(extra or {})
+        code = compile(source, f"<kiln launcher {mode} {device}>", "exec")
+        exec(code, namespace)  # noqa: S102 - our own generated source (module docstring)
+        return namespace["run"]
+
+    def _prepare(self, device: torch.device) -> RunFn:
+        with self._lock:
+            fn = self._fns.get(device)
+            if fn is not None:
+                return fn
+            interpreted = not self._direct(device) or any(
+                type(self._kernel_for(launch, device)).__name__ == "InterpretedFunction"
+                for launch in self.plan.launches)
+            if interpreted or not self.plan.launches:
+                fn = self.compile(device, "jit")
+                self.modes[device] = "jit"
+            else:
+                fn = self._recording(device)
+                self.modes[device] = "record"
+            self._fns[device] = fn
+            return fn
+
+    def _recording(self, device: torch.device) -> RunFn:
+        recorded: list[Any] = [None] * len(self.plan.launches)
+        record = self.compile(device, "record", extra={"R": recorded})
+
+        def first(inputs: Sequence[Any], boxed: bool) -> Any:
+            out = record(inputs, boxed)
+            self._after_record(device, recorded)
+            return out
+
+        return first
+
+    def _after_record(self, device: torch.device, recorded: list[Any]) -> None:
+        with self._lock:
+            if self.modes.get(device) != "record":
+                return
+            jit = self.compile(device, "jit")
+            entries: list[Recorded | None] = []
+            for value in recorded:
+                if value is None or not is_compiled_kernel(value[0]):
+                    self._fns[device], self.modes[device] = jit, "jit"
+                    return
+                entries.append(Recorded(value[0], tuple(value[1])))
+            try:
+                direct = self.compile(device, "direct", entries,
+                                      extra=self._runtime(jit))
+            except Exception:  # an unknown Triton: launches stay on the JIT path
+                self._fns[device], self.modes[device] = jit, "jit"
+                return
+            self._fns[device], self.modes[device] = direct, "direct"
+
+
+def _direct_globals(fallback: RunFn) -> dict[str, Any]:
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    active = driver.active
+    return {"RT": knobs.runtime, "current_device": active.get_current_device,
+            "current_stream": active.get_current_stream, "fallback": fallback}
