@@ -155,7 +155,7 @@ def configure(reset: bool = False, **options: Any) -> Config:
 
     Accepts any `Config` field (`url`, `token`, `mode`, `cache_dir`, `connect_timeout`,
     `request_timeout`, `wait_timeout`, `poll_interval`, `poll_for`, `retries`, `tag`,
-    `cache`, `cache_max_bytes`, `background`). `reset=True` first forgets earlier calls. Returns the resulting
+    `cache`, `cache_max_bytes`, `background`, `binaries`). `reset=True` first forgets earlier calls. Returns the resulting
     config.
     """
     unknown = set(options) - _FIELDS
