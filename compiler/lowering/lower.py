@@ -15,6 +15,7 @@ from compiler.ir import Program, TensorMeta, base_name, check_program, op_name
 from compiler.lowering import ops
 from compiler.lowering.fusion import plan_steps
 from compiler.lowering.record import record
+from compiler.lowering.split_reductions import split_reductions
 from compiler.wire.schema import storage_extent
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object]) -> Program:
     simplify_identities(gm)                    # 3. clone/alias/x*1/same-dtype casts vanish
     fold_constants(gm)                         # 4. small constant subgraphs evaluated now
     gm.graph.eliminate_dead_code()             # 5. dead code elimination
+    split_reductions(gm, origins)              #    few outputs, many elements: two stages
     gm.recompile()
     propagate_meta(gm, metas)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
