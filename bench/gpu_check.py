@@ -162,27 +162,11 @@ def _as_tuple(out: Any) -> tuple:
 
 
 def _candidates(kind: str, sizes: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
-    """A few configs around the heuristic's, to see what the heuristic leaves on the table."""
-    if kind == "pointwise":
-        return [("pointwise", {"XBLOCK": x, "num_warps": w, "num_stages": 1})
-                for x, w in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 8))]
-    if kind == "reduction":
-        r = sizes["rnumel"]
-        rb = 1 << (r - 1).bit_length()
-        out = []
-        if rb <= 8192:
-            out += [("persistent", {"XBLOCK": x, "RBLOCK": rb, "num_warps": w, "num_stages": 1})
-                    for x, w in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 16))
-                    if x * rb <= 16384]
-        out += [(v, {"XBLOCK": 1, "RBLOCK": b, "num_warps": w, "num_stages": 1})
-                for v in ("looped", "online") for b, w in ((1024, 4), (2048, 8), (4096, 16))
-                if b < rb]
-        return out
-    return [("triton", {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w,
-                        "num_stages": st})
-            for m, n, k, w, st in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
-                                   (128, 128, 64, 4, 4), (128, 128, 64, 8, 4), (64, 256, 64, 4, 4))
-            ] + [("aten", {})]
+    """A few configs around the heuristic's, to see what the heuristic leaves on the table:
+    each kernel kind that can compute the group gives its own (`KernelKind.sweep`)."""
+    from compiler.codegen import kinds
+
+    return [point for k in kinds.kinds_for(kind) for point in k.sweep(sizes)]
 
 
 def sweep_configs(built: Any, gm: Any, gi: list) -> list[dict[str, Any]]:

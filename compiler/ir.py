@@ -18,12 +18,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+# Kernel groups' kinds: the domain a group iterates over. The kernel kinds that compute
+# each (Triton templates, ATen calls) and their variants: compiler.codegen.kinds.
 KINDS = ("pointwise", "reduction", "matmul")
-VARIANTS = {
-    "pointwise": ("pointwise",),
-    "reduction": ("looped", "persistent", "online"),
-    "matmul": ("triton", "aten"),
-}
 
 
 @dataclass(frozen=True)

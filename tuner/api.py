@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tuner.records import Candidate, Measurement
+from compiler.codegen import kinds
+from tuner.records import Candidate, Measurement, configurable, stand_in
 from tuner.runner import DEFAULT_TIMEOUT_S, Runner
 from tuner.search import Budget, BudgetClock, KernelSearch, pick_winner
 from tuner.space import candidates
@@ -233,8 +234,9 @@ def _tune_loaded(
             progress(n, 2 * len(leads), kernel["name"])
         space, dropped = candidates(kernel, target)
         seeds = []
-        if start.variant == "aten" and "BLOCK_M" in kernel["config"]:
-            seeds.append(Candidate.make(kernel["name"], "triton", kernel["config"]))
+        kept = stand_in(start.variant)  # an ATen call's kept config: the template's seed
+        if kept and set(kernel["config"]) == set(kinds.kind_of(kernel["kind"], kept).config_keys):
+            seeds.append(Candidate.make(kernel["name"], kept, kernel["config"]))
         search = KernelSearch(space, start, runner, clock, share=0, seeds=seeds)
         search.baseline()
         searches[i] = search
@@ -272,7 +274,7 @@ def _tune_loaded(
         chosen = winner.candidate if winner is not None else search.start
         chosen = Candidate(kernel["name"], chosen.variant, chosen.config_items)
         if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
-            config = {} if chosen.variant == "aten" else {"config": chosen.config}
+            config = {"config": chosen.config} if configurable(chosen.variant) else {}
             # a twin's source is its leader's; the final build fills (and checks) it
             tuned = tuned.with_kernel(
                 kernel["name"], variant=chosen.variant,

@@ -10,8 +10,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-# Fixed orders make every tie-break reproducible across processes and machines.
-VARIANT_ORDER = ("pointwise", "persistent", "online", "looped", "aten", "triton")
+from compiler.codegen import kinds
+
+# Fixed orders make every tie-break reproducible across processes and machines; the
+# variants' order is the kinds registry's (`compiler.codegen.kinds.variant_order`).
 CONFIG_KEY_ORDER = (
     "XBLOCK",
     "RBLOCK",
@@ -30,6 +32,26 @@ OUT_OF_RESOURCES = "out_of_resources"
 WRONG_ANSWER = "wrong_answer"
 BUILD_ERROR = "build_error"
 RUN_ERROR = "run_error"
+
+
+def configurable(variant: str) -> bool:
+    """Whether a variant's kind takes a config (an ATen call's does not; unknown: yes)."""
+    kind = kinds.kind_of_variant(variant)
+    return kind is None or kind.configurable
+
+
+def library_call(variant: str) -> bool:
+    """Whether a variant's kind is an ATen (library) call: the bar its group's Triton
+    configs must clear."""
+    kind = kinds.kind_of_variant(variant)
+    return kind is not None and kind.library
+
+
+def stand_in(variant: str) -> str | None:
+    """The variant whose config a schedule keeps for `variant` (an ATen call keeps the
+    Triton template's), or None."""
+    kind = kinds.kind_of_variant(variant)
+    return kind.keeps_config_of if kind is not None else None
 
 
 def _config_order_key(config: dict[str, Any]) -> tuple:
@@ -53,9 +75,9 @@ class Candidate:
 
     @classmethod
     def of_kernel(cls, kernel: dict[str, Any]) -> Candidate:
-        """A schedule kernel's own point (`Schedule.to_json()["kernels"]` entry); an `aten`
-        matmul's config does not apply, so its candidate has none."""
-        config = {} if kernel["variant"] == "aten" else dict(kernel.get("config", {}))
+        """A schedule kernel's own point (`Schedule.to_json()["kernels"]` entry); a kind
+        whose config does not apply (an ATen call) gives a candidate without one."""
+        config = dict(kernel.get("config", {})) if configurable(kernel["variant"]) else {}
         return cls.make(kernel["name"], kernel["variant"], config)
 
     @property
@@ -64,13 +86,14 @@ class Candidate:
 
     def order_key(self) -> tuple:
         """Fixed total order used to break ties: variant order, then config values, small first."""
-        rank = VARIANT_ORDER.index(self.variant) if self.variant in VARIANT_ORDER else 99
+        order = kinds.variant_order()
+        rank = order.index(self.variant) if self.variant in order else 99
         return (self.kernel, rank, self.variant, _config_order_key(self.config))
 
     def label(self) -> str:
         """Short human-readable form for tables and logs."""
-        if self.variant == "aten":
-            return "aten"
+        if not configurable(self.variant):
+            return self.variant
         cfg = self.config
         parts = [f"{k}={cfg[k]}" for k in CONFIG_KEY_ORDER if k in cfg]
         parts += [f"{k}={v}" for k, v in sorted(cfg.items()) if k not in CONFIG_KEY_ORDER]

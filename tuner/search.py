@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tuner.records import Candidate, Measurement
+from tuner.records import Candidate, Measurement, configurable, library_call
 from tuner.space import neighbours
 from tuner.timing import MIN_NOISE_FRACTION
 
@@ -211,7 +211,7 @@ class KernelSearch:
             winner = pick_winner(self.measurements)
             if winner is None or winner.candidate == current:
                 break
-            if winner.candidate.variant == "aten":  # no config to walk: keep walking Triton
+            if not configurable(winner.candidate.variant):  # no config to walk: keep walking Triton
                 origin = self._descent_origin()
                 if origin == current:
                     break
@@ -222,12 +222,12 @@ class KernelSearch:
 
     def _descent_origin(self) -> Candidate:
         """Where to walk from: the best candidate so far that has a config to change."""
-        ok = [m for m in self.measurements if m.ok and m.candidate.variant != "aten"]
+        ok = [m for m in self.measurements if m.ok and configurable(m.candidate.variant)]
         if ok:
             best = pick_winner(ok)
             if best is not None:
                 return best.candidate
-        walkable = [c for c in [self.start, *self.seeds] if c.variant != "aten"]
+        walkable = [c for c in [self.start, *self.seeds] if configurable(c.variant)]
         return walkable[0] if walkable else self.start
 
     def successive_halving(self, population: int | None = None) -> Measurement | None:
@@ -273,7 +273,7 @@ class KernelSearch:
         # The heuristic point always gets a full-fidelity time: the baseline tables report.
         self.baseline()
         # A matmul's ATen call (cuBLAS) is the bar any Triton config must clear: time it early.
-        aten = [c for c in self.space if c.variant == "aten" and c not in self._measured()]
+        aten = [c for c in self.space if library_call(c.variant) and c not in self._measured()]
         self._measure(aten + [c for c in self.seeds if c not in self._measured()])
         if strategy == "exhaustive":
             return self.exhaustive()

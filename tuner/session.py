@@ -194,8 +194,8 @@ class TrialSession:
 
 def schedule_with(base: Any, cand: records.Candidate) -> Any:
     """`base` (a `compiler.Schedule`) with the candidate's kernel set to its variant and
-    config (an `aten` matmul keeps its config) and that kernel's source hash cleared."""
-    config = {} if cand.variant == "aten" else {"config": cand.config}
+    config (a kind whose config does not apply, an ATen call, keeps the schedule's) and that kernel's source hash cleared."""
+    config = {"config": cand.config} if records.configurable(cand.variant) else {}
     return base.with_kernel(cand.kernel, variant=cand.variant, source_hash=None, **config)
 
 
@@ -212,8 +212,9 @@ def twin_keys(graph: Any, base: Any, built: Any) -> dict[str, str]:
 
     probe = base
     for kernel in base.kernels:
-        if kernel.variant == "aten":
-            probe = probe.with_kernel(kernel.name, variant="triton", source_hash=None)
+        kept = records.stand_in(kernel.variant)
+        if kept is not None:
+            probe = probe.with_kernel(kernel.name, variant=kept, source_hash=None)
     if probe != base:
         built = compiler.build(graph, probe)
     args = {launch.kernel: [str(d) for d in launch.arg_dtypes] for launch in built.launches()}

@@ -1,18 +1,19 @@
-"""Search spaces per kernel kind, pruned by the target's limits before anything compiles.
+"""Search spaces of a kernel, pruned by the target's limits before anything compiles.
 
-A space is the product of a few per-parameter domains, clipped to the kernel's sizes; a
-point that cannot fit the target (shared memory, registers, threads per block) is dropped
-here with a reason, so no compile is spent on it (Triton's autotuner only learns this
-after compiling, and BENCH.md records Inductor's max-autotune losing minutes that way).
+Each kernel kind (`compiler.codegen.kinds`) owns its space: the product of a few
+per-parameter domains, clipped to the kernel's sizes, and its pruning: a point that
+cannot fit the target (shared memory, registers, threads per block) is dropped here with
+a reason, so no compile is spent on it (Triton's autotuner only learns this after
+compiling, and BENCH.md records Inductor's max-autotune losing minutes that way). A
+kernel's space is the union over the kinds that can compute its group.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from compiler.scheduling.schedule import WARPS, next_pow2
+from compiler.codegen import kinds
 from compiler.wire.keys import compute_capability
 from tuner.records import Candidate
 
@@ -53,24 +54,6 @@ def limits_for(target: Any) -> TargetLimits:
     )
 
 
-_DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
-
-# Per-parameter domains; clipped per kernel below.
-POINTWISE_XBLOCK = (64, 128, 256, 512, 1024, 2048, 4096)
-REDUCTION_XBLOCK = (1, 2, 4, 8, 16, 32, 64, 128)
-LOOPED_RBLOCK = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-MATMUL_BLOCK_MN = (16, 32, 64, 128, 256)
-MATMUL_BLOCK_K = (16, 32, 64, 128)
-MATMUL_GROUP_M = (8,)
-MATMUL_WARPS = (2, 4, 8)
-MATMUL_STAGES = (2, 3, 4, 5)
-# Elements a thread may hold live in registers for one tensor of the block; past this it spills.
-MAX_ELEMENTS_PER_THREAD = 64
-# Accumulator registers a matmul thread may spend (fp32 accumulator, one register each),
-# leaving room for addresses and the operand fragments.
-MAX_ACC_REGISTERS = 128
-
-
 def prune_reason(
     kind: str,
     variant: str,
@@ -80,82 +63,18 @@ def prune_reason(
     limits: TargetLimits,
 ) -> str | None:
     """Why this config cannot (or should not) run on the target, or None if it may."""
-    warps = int(config.get("num_warps", 4))
-    threads = warps * 32
+    threads = int(config.get("num_warps", 4)) * 32
     if threads > limits.max_threads:
         return f"{threads} threads per block exceed the target's {limits.max_threads}"
-    if kind == "matmul":
-        if variant == "aten":
-            return None
-        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-        elem = _DTYPE_BYTES.get(dtype, 4)
-        smem = (bm * bk + bk * bn) * elem * int(config.get("num_stages", 1))
-        if smem > limits.shared_memory:
-            return f"needs {smem} B shared memory, target allows {limits.shared_memory}"
-        acc_per_thread = bm * bn // threads
-        if acc_per_thread > MAX_ACC_REGISTERS:
-            return f"{acc_per_thread} accumulator registers per thread would spill"
-        if bm * bn < threads * 4:
-            return f"{bm}x{bn} tile leaves {threads} threads mostly idle"
-        if bm * bn > limits.max_block_elements:
-            return f"{bm}x{bn} tile exceeds {limits.max_block_elements} elements per block"
-        return None
-    xblock = int(config.get("XBLOCK", 1))
-    rblock = int(config.get("RBLOCK", 1)) if kind == "reduction" else 1
-    elements = xblock * rblock
-    if elements > limits.max_block_elements:
-        return f"block of {elements} elements exceeds {limits.max_block_elements}"
-    if elements // threads > MAX_ELEMENTS_PER_THREAD:
-        return f"{elements // threads} elements per thread would spill registers"
-    if elements < threads and warps > 1:
-        return f"block of {elements} elements leaves {threads} threads idle"
-    if kind == "reduction" and variant == "persistent":
-        if rblock < sizes.get("rnumel", 1):
-            return f"persistent RBLOCK {rblock} is below rnumel {sizes.get('rnumel')}"
-    return None
-
-
-def _clip(domain: tuple[int, ...], upper: int) -> list[int]:
-    """Values of a domain up to `upper` (always at least the smallest)."""
-    kept = [v for v in domain if v <= upper]
-    return kept or [domain[0]]
+    return kinds.kind_of(kind, variant).prune(variant, config, sizes, dtype, limits)
 
 
 def raw_space(kernel: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
     """Every (variant, config) of a schedule kernel's kind, clipped to its sizes, unpruned."""
-    kind, sizes = kernel["kind"], kernel.get("sizes", {})
-    stages = int(kernel.get("config", {}).get("num_stages", 1))
-    points: list[tuple[str, dict[str, int]]] = []
-    if kind == "pointwise":
-        xs = _clip(POINTWISE_XBLOCK, max(64, next_pow2(sizes.get("xnumel", 1))))
-        for x, w in itertools.product(xs, WARPS):
-            points.append(("pointwise", {"XBLOCK": x, "num_warps": w, "num_stages": stages}))
-    elif kind == "reduction":
-        xnumel, rnumel = sizes.get("xnumel", 1), sizes.get("rnumel", 1)
-        xs = _clip(REDUCTION_XBLOCK, next_pow2(xnumel))
-        r_full = next_pow2(rnumel)
-        variants = ["persistent", "looped"]
-        if kernel.get("variant") == "online":
-            variants.append("online")
-        for variant in variants:
-            rs = [r_full] if variant == "persistent" else _clip(LOOPED_RBLOCK, r_full)
-            for x, r, w in itertools.product(xs, rs, WARPS):
-                cfg = {"XBLOCK": x, "RBLOCK": r, "num_warps": w, "num_stages": stages}
-                points.append((variant, cfg))
-    elif kind == "matmul":
-        points.append(("aten", {}))
-        m, n, k = sizes.get("M", 16), sizes.get("N", 16), sizes.get("K", 16)
-        bms = _clip(MATMUL_BLOCK_MN, max(16, next_pow2(m)))
-        bns = _clip(MATMUL_BLOCK_MN, max(16, next_pow2(n)))
-        bks = _clip(MATMUL_BLOCK_K, max(16, next_pow2(k)))
-        for bm, bn, bk, g, w, s in itertools.product(
-            bms, bns, bks, MATMUL_GROUP_M, MATMUL_WARPS, MATMUL_STAGES
-        ):
-            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}
-            points.append(("triton", {**cfg, "num_warps": w, "num_stages": s}))
-    else:
-        raise ValueError(f"unknown kernel kind {kind!r} in kernel {kernel.get('name')!r}")
-    return points
+    serving = kinds.kinds_for(kernel["kind"])
+    if not serving:
+        raise ValueError(f"unknown kernel kind {kernel['kind']!r} in kernel {kernel.get('name')!r}")
+    return [point for kind in serving for point in kind.space(kernel)]
 
 
 def candidates(

@@ -1,4 +1,5 @@
-"""Triton source generation for kiln's kernel groups (see `generate_kernel`)."""
+"""Triton source generation for kiln's kernel groups (see `generate_kernel`); each kernel
+kind's generator is in `compiler.codegen.kinds`."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from collections.abc import Callable
 
 from torch import fx
 
-from compiler.codegen import matmul, pointwise, reduction, rules
+from compiler.codegen import kinds
 from compiler.codegen.common import NotFusible, Unsupported
-from compiler.codegen.writer import Generated, Writer, index_bits
+from compiler.codegen.writer import Generated, index_bits
 from compiler.ir import KernelGroup, TensorMeta, meta
 
 __all__ = ["Generated", "NotFusible", "Unsupported", "generate_kernel"]
@@ -17,32 +18,14 @@ __all__ = ["Generated", "NotFusible", "Unsupported", "generate_kernel"]
 def generate_kernel(group: KernelGroup, variant: str, is_buffer: Callable[[fx.Node], bool],
                     comment: list[str]) -> Generated:
     """The Triton module for `group` in `variant`; 64-bit indexing only where sizes need it."""
+    kind = kinds.kind_of(group.kind, variant)
     for int64 in (False, True):
-        members = set(group.members)
-        buffer = is_buffer
-        if group.kind == "matmul" and variant == "aten":
-            mm = group.anchors[0]
-            members.discard(mm)
-
-            def buffer(n: fx.Node, _mm: fx.Node = mm) -> bool:
-                return n is _mm or is_buffer(n)
-
-        w = Writer(members=members, is_buffer=buffer, int64=int64, evaluate=rules.evaluate)
-        if group.kind == "pointwise":
-            gen = pointwise.generate(group, w, comment)
-        elif group.kind == "reduction":
-            gen = reduction.generate(group, w, comment, variant, is_buffer)
-        else:
-            gen = matmul.generate(group, w, comment, variant)
-        if int64 or not _needs_int64(group, gen):
+        gen = kind.generate(group, variant, is_buffer, comment, int64)
+        if int64 or not _needs_int64(kind.elements(group), gen):
             return gen
     raise AssertionError("unreachable")
 
 
-def _needs_int64(group: KernelGroup, gen: Generated) -> bool:
+def _needs_int64(elements: int, gen: Generated) -> bool:
     metas: list[TensorMeta] = [meta(n) for n in gen.inputs + gen.outputs]
-    d = group.domain
-    total = d.xnumel * max(d.rnumel, 1)
-    if group.kind == "matmul":
-        total = max(total, d.shape[-2] * max(d.k, 1), d.k * d.shape[-1])
-    return total > 2**31 - 1 or index_bits(metas)
+    return elements > 2**31 - 1 or index_bits(metas)

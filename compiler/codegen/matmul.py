@@ -1,9 +1,9 @@
 """Matmul kernels (mm, addmm, bmm) with fused pointwise epilogues.
 
-Variant `triton`: the Triton tutorial's tiled matmul (grouped program order, fp32
-accumulator, masked ragged edges) whose epilogue computes the group's other members from
-the accumulator before storing. Variant `aten`: the matmul runs as an ATen call into its
-own buffer, and the epilogue (if any) is a pointwise kernel reading that buffer.
+The Triton tutorial's tiled matmul (grouped program order, fp32 accumulator, masked
+ragged edges) whose epilogue computes the group's other members from the accumulator
+before storing: the `matmul` kind's template (`compiler.codegen.kinds.matmul`). The `aten`
+kind (`compiler.codegen.kinds.aten`) runs the matmul as an ATen call instead.
 """
 
 from __future__ import annotations
@@ -38,12 +38,9 @@ def check(node: fx.Node) -> None:
         raise Unsupported(f"matmul of {da} x {db}")
 
 
-def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: str) -> Generated:
-    """The kernel of a matmul group: the template with epilogue, or the epilogue alone."""
+def generate(group: KernelGroup, writer: Writer, comment: list[str]) -> Generated:
+    """The kernel of a matmul group: the template with its epilogue."""
     mm = group.anchors[0]
-    if variant == "aten":
-        epilogue = [n for n in group.stored if n is not mm]
-        return pointwise.generate(group, writer, comment, members=epilogue)
     w = writer
     bias, a, b, alpha, beta = operands(mm)
     out = meta(mm)

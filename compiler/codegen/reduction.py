@@ -1,12 +1,11 @@
 """Reduction kernels: XBLOCK rows per program, each reduced over RBLOCK-wide chunks.
 
-Variants (the source depends on the variant, never on the block sizes):
-- `looped`: one loop over the reduced elements per dependency level of the reductions
-  (layer norm: mean, then variance), plus one more for full-size outputs;
-- `persistent`: RBLOCK covers the whole reduced extent, a row lives in registers and
-  every input is read once;
-- `online`: like looped, but a max and the sum of exp(x - max) that follows it are
-  computed in one pass with a running rescale (softmax, log_softmax, cross-entropy).
+The pieces every reduction variant is made of: parsing a reduction node
+(`reduction_info`), one reduction's accumulator (`Reducer`) and the kernel's row frame
+(`RowFrame`: prologue, row loops, stores). The variants themselves (looped, persistent,
+online: how they loop over the rows) are the reduction kind's, in
+`compiler.codegen.kinds.reduction`; the source depends on the variant, never on the
+block sizes.
 
 NaN follows torch: a floating max/min is NaN when any reduced element is NaN, and
 argmax/argmin give the index of the first NaN. Triton's `tl.max`/`tl.min` skip NaN
@@ -115,7 +114,7 @@ def _acc_dtype(info: ReductionInfo) -> torch.dtype:
 PROD_HELPER = "@triton.jit\ndef _kiln_prod(a, b):\n    return a * b\n"
 
 
-class _Reducer:
+class Reducer:
     """Emits accumulation and finalization of one reduction."""
 
     def __init__(self, w: Writer, info: ReductionInfo, k: int) -> None:
@@ -233,51 +232,55 @@ def _levels(group: KernelGroup, infos: dict[fx.Node, ReductionInfo],
     return levels
 
 
-def _online_pairs(infos: dict[fx.Node, ReductionInfo]) -> dict[fx.Node, fx.Node]:
-    """sum(exp(x - amax(x))) reductions paired with their amax: {sum node: max node}."""
-    pairs = {}
-    for node, info in infos.items():
-        if info.op != "sum":
-            continue
-        e = info.source
-        if not (isinstance(e, fx.Node) and base_name(e) == "exp" and isinstance(e.args[0], fx.Node)):
-            continue
-        s = e.args[0]
-        if base_name(s) != "sub" or len(s.args) != 2 or s.kwargs.get("alpha", 1) != 1:
-            continue
-        x, m = s.args
-        if m in infos and infos[m].op == "max" and infos[m].source is x and infos[m].dims == info.dims:
-            pairs[node] = m
-    return pairs
+class RowFrame:
+    """A reduction kernel being written: XBLOCK rows per program, each row's reduced
+    elements visited RBLOCK at a time. The constructor emits the row prologue; a
+    variant's body (`compiler.codegen.kinds.reduction`) opens row loops, reduces each
+    dependency level and calls `set_anchor` with each reduction's value; `finish` stores
+    the row-shaped members and assembles the module."""
 
+    def __init__(self, group: KernelGroup, writer: Writer, is_buffer: object) -> None:
+        self.group, self.w = group, writer
+        self.dom = dom = group.domain
+        self.shape = shape = dom.shape
+        self.infos = infos = {n: reduction_info(n) for n in group.anchors}
+        for info in infos.values():
+            if info.domain != dom:
+                raise NotFusible(f"{info.node.name} reduces another domain")
+        self.red_shape = tuple(shape[d] for d in dom.rdims)
+        w = writer
+        w.emit(f"xnumel = {dom.xnumel}")
+        w.emit(f"rnumel = {dom.rnumel}")
+        pid = "tl.program_id(0).to(tl.int64)" if w.int64 else "tl.program_id(0)"
+        w.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        w.emit("xmask = xindex < xnumel")
+        self.xdims = define_dims(w, "xindex", tuple(shape[d] for d in dom.kept), "x")
+        w.emit("rbase = tl.arange(0, RBLOCK)[None, :]")
+        by_level: dict[int, list[fx.Node]] = {}
+        for n, lv in _levels(group, infos, is_buffer).items():
+            by_level.setdefault(lv, []).append(n)
+        # the reductions by dependency level: each level reads only the levels before it
+        self.levels = [by_level[lv] for lv in sorted(by_level)]
+        order = sorted(infos, key=group.members.index)
+        self.reducers = {n: Reducer(w, infos[n], k) for k, n in enumerate(order)}
+        self.full_members = [n for n in group.stored if n not in infos and meta(n).shape == shape]
+        self.row_members = [n for n in group.stored if n not in infos and n not in self.full_members]
 
-def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: str,
-             is_buffer: object) -> Generated:
-    """A reduction kernel for `group` in `variant` (looped, persistent or online)."""
-    w = writer
-    dom = group.domain
-    shape = dom.shape
-    infos = {n: reduction_info(n) for n in group.anchors}
-    for info in infos.values():
-        if info.domain != dom:
-            raise NotFusible(f"{info.node.name} reduces another domain")
-    kept_shape = tuple(shape[d] for d in dom.kept)
-    red_shape = tuple(shape[d] for d in dom.rdims)
-    w.emit(f"xnumel = {dom.xnumel}")
-    w.emit(f"rnumel = {dom.rnumel}")
-    pid = "tl.program_id(0).to(tl.int64)" if w.int64 else "tl.program_id(0)"
-    w.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-    w.emit("xmask = xindex < xnumel")
-    xdims = define_dims(w, "xindex", kept_shape, "x")
-    w.emit("rbase = tl.arange(0, RBLOCK)[None, :]")
-
-    def full_index(rdims: Index) -> Index:
-        out, xi, ri = [], iter(xdims), iter(rdims)
-        for d in range(len(shape)):
-            out.append(next(ri) if d in dom.rdims else next(xi))
+    def full_index(self, rdims: Index) -> Index:
+        """The domain's index from the row's dims (`xdims`) and reduced dims `rdims`."""
+        out, xi, ri = [], iter(self.xdims), iter(rdims)
+        for d in range(len(self.shape)):
+            out.append(next(ri) if d in self.dom.rdims else next(xi))
         return tuple(out)
 
-    def open_rows(loop: bool) -> Index:
+    def row_index(self) -> Index:
+        """The domain's index after a row loop (its reduced dims are the loop's rindex)."""
+        return self.full_index(("rindex",) * len(self.dom.rdims))
+
+    def open_rows(self, loop: bool) -> Index:
+        """Start a loop over the reduced elements (or, not `loop`, cover them in one
+        block): the index of the elements it visits."""
+        w = self.w
         if loop:
             w.emit("for roffset in range(0, rnumel, RBLOCK):")
             w.push()
@@ -286,92 +289,28 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str], variant: st
             w.emit("rindex = rbase")
         w.emit("rmask = rindex < rnumel")
         w.emit("rowmask = xmask & rmask")
-        rdims = define_dims(w, "rindex", red_shape, "r")
-        full = full_index(rdims)
-        _flat_forms(w, dom, full, shape)
+        full = self.full_index(define_dims(w, "rindex", self.red_shape, "r"))
+        _flat_forms(w, self.dom, full, self.shape)
         return full
 
-    levels = _levels(group, infos, is_buffer)
-    reducers = {n: _Reducer(w, infos[n], k) for k, n in enumerate(sorted(infos, key=group.members.index))}
-    full_members = [n for n in group.stored if n not in infos and meta(n).shape == shape]
-    row_members = [n for n in group.stored if n not in infos and n not in full_members]
-    pairs = _online_pairs(infos) if variant == "online" else {}
-    by_level: dict[int, list[fx.Node]] = {}
-    for n, lv in levels.items():
-        by_level.setdefault(lv, []).append(n)
-    if variant == "persistent":
-        full = open_rows(loop=False)
-        for lv in sorted(by_level):
-            for n in by_level[lv]:
-                r = reducers[n]
-                v = r.value(full)
-                _set_anchor(w, infos[n], r.finish(v, "rindex"), full)
-    else:
-        for lv in sorted(by_level):
-            nodes = [n for n in by_level[lv] if n not in pairs]
-            if not nodes:
+    def set_anchor(self, node: fx.Node, var: str, full: Index) -> None:
+        """The reduction `node`'s value is `var` for the rows of `full`."""
+        self.w.anchors[node] = (reduced_index(self.infos[node], full), var)
+
+    def store_full(self, full: Index) -> None:
+        """Store the members as large as the domain, at `full`."""
+        for n in self.full_members:
+            store(self.w, n, full, self.w.value(n, full, "rowmask"), "rowmask")
+
+    def finish(self, comment: list[str]) -> Generated:
+        """Store the row-shaped members (reductions included) and assemble the module."""
+        w = self.w
+        for n in list(self.infos) + self.row_members:
+            if n not in self.group.stored:
                 continue
-            fused = [s for s, m in pairs.items() if m in nodes]
-            for n in nodes:
-                if n in pairs.values():  # online: one running max and sum per row
-                    w.emit(f"{reducers[n].acc} = tl.full([XBLOCK, 1], float(\"-inf\"), tl.float32)")
-                    w.emit(f"nan{reducers[n].k} = tl.zeros([XBLOCK, RBLOCK], tl.int1)")
-                else:
-                    reducers[n].init()
-            for s in fused:
-                w.emit(f"sum{reducers[s].k} = tl.zeros([XBLOCK, 1], tl.float32)")
-            full = open_rows(loop=True)
-            for n in nodes:
-                r = reducers[n]
-                v = r.value(full)
-                if n in pairs.values():
-                    _online_step(w, r, v, [reducers[s] for s in fused if pairs[s] is n])
-                else:
-                    r.accumulate(v)
-            w.pop()
-            rows = full_index(("rindex",) * len(dom.rdims))
-            for n in nodes:
-                r = reducers[n]
-                if n not in pairs.values():
-                    _set_anchor(w, infos[n], r.finish(r.acc, r.idx_acc), rows)
-                    continue
-                nan = w.tmp(f"tl.max(nan{r.k}.to(tl.int32), 1)[:, None] != 0")
-                _set_anchor(w, infos[n], w.tmp(f"tl.where({nan}, float(\"nan\"), {r.acc})"), rows)
-                for s in fused:
-                    if pairs[s] is n:
-                        total = f"tl.where({nan}, float(\"nan\"), sum{reducers[s].k})"
-                        _set_anchor(w, infos[s], w.tmp(total), rows)
-        if full_members:
-            full = open_rows(loop=True)
-    if variant != "persistent" and not full_members:
-        full = full_index(("rindex",) * len(dom.rdims))
-    for n in full_members:
-        store(w, n, full, w.value(n, full, "rowmask"), "rowmask")
-    if variant != "persistent" and full_members:
-        w.pop()
-    for n in list(infos) + row_members:
-        if n not in group.stored:
-            continue
-        idx = _row_index(n, infos, xdims, dom, shape)
-        store(w, n, idx, w.value(n, idx, "xmask"), "xmask")
-    return assemble(w, group.stem, comment, ["XBLOCK", "RBLOCK"])
-
-
-def _online_step(w: Writer, r: _Reducer, v: str, sums: list[_Reducer]) -> None:
-    """Running row max, and the row sums of exp(x - max) rescaled when the max grows:
-    one exp per element (masked lanes hold -inf, so they add exp(-inf) = 0). `tl.max`
-    skips NaN: lanes that saw one are flagged, and the row's max and sums become NaN
-    after the loop (as in eager, where amax is NaN and so is every exp(x - amax))."""
-    w.emit(f"nan{r.k} = nan{r.k} | ({v} != {v})")
-    new = w.tmp(f"tl.maximum({r.acc}, tl.max({v}, 1)[:, None])")
-    for s in sums:
-        w.emit(f"sum{s.k} = tl.where({new} == float(\"-inf\"), 0.0, sum{s.k} * tl.exp({r.acc} - {new})"
-               f" + tl.sum(tl.exp({v} - {new}), 1)[:, None])")
-    w.emit(f"{r.acc} = {new}")
-
-
-def _set_anchor(w: Writer, info: ReductionInfo, var: str, full: Index) -> None:
-    w.anchors[info.node] = (reduced_index(info, full), var)
+            idx = _row_index(n, self.infos, self.xdims, self.dom, self.shape)
+            store(w, n, idx, w.value(n, idx, "xmask"), "xmask")
+        return assemble(w, self.group.stem, comment, ["XBLOCK", "RBLOCK"])
 
 
 def _row_index(n: fx.Node, infos: dict, xdims: Index, dom: Domain, shape: tuple) -> Index:

@@ -24,14 +24,13 @@ import operator
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from compiler.codegen import NotFusible, Unsupported, generate_kernel, rules, views
+from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds, rules, views
 from compiler.codegen import matmul as matmul_codegen
 from compiler.codegen.common import TL_DTYPES
 from compiler.codegen.reduction import reduction_info
 from compiler.codegen.writer import Writer
 from compiler.ir import Domain, ExternStep, KernelGroup, Step, TensorMeta, ViewStep, base_name, meta
 
-DEFAULT_VARIANT = {"pointwise": "pointwise", "reduction": "looped", "matmul": "triton"}
 CHEAP_OPS = 4  # a value several kernels read may be recomputed by each: up to this many ops
 
 
@@ -298,7 +297,7 @@ class _Planner:
                             anchors=anchors, dtype=group.dtype)
         trial.stored = list(trial.members)
         try:  # NotFusible: a value is needed at another index than it is computed at
-            generate_kernel(trial, DEFAULT_VARIANT[new_kind], self.is_buffer, [])
+            generate_kernel(trial, kinds.trial_variant(new_kind), self.is_buffer, [])
         except NotFusible:
             return None
         return trial

@@ -9,17 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from compiler.ir import KINDS, VARIANTS
+from compiler.codegen import kinds
+from compiler.ir import KINDS
 
 FORMAT = "kiln.schedule/1"
 STATUSES = ("heuristic", "tuned")
-CONFIG_KEYS = {
-    "pointwise": ("XBLOCK", "num_warps", "num_stages"),
-    "reduction": ("XBLOCK", "RBLOCK", "num_warps", "num_stages"),
-    "matmul": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
-}
-MAX_BLOCK_NUMEL = 1 << 20  # Triton's limit on the elements of one block
-WARPS = (1, 2, 4, 8, 16, 32)
 
 
 class ScheduleMismatch(ValueError):
@@ -27,55 +21,17 @@ class ScheduleMismatch(ValueError):
     groups, or a kernel whose generated source differs from the recorded hash."""
 
 
-def _pow2(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= n (1 for n <= 1)."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
 def validate_config(kind: str, variant: str, config: dict[str, Any], sizes: dict[str, int],
                     name: str = "kernel") -> None:
-    """Raise ValueError, naming the kernel and the key, for a config invalid for its kind."""
+    """Raise ValueError, naming the kernel and the key, for a config invalid for its kind
+    (the kernel kind that computes `variant`: `compiler.codegen.kinds`)."""
     if kind not in KINDS:
         raise ValueError(f"{name}: unknown kind {kind!r}")
-    if variant not in VARIANTS[kind]:
-        raise ValueError(f"{name}: variant {variant!r} is not one of {VARIANTS[kind]}")
+    if variant not in kinds.variants_of(kind):
+        raise ValueError(f"{name}: variant {variant!r} is not one of {kinds.variants_of(kind)}")
     if not isinstance(config, dict):
         raise ValueError(f"{name}: config must be an object")
-    if kind == "matmul" and variant == "aten":
-        return
-    keys = CONFIG_KEYS[kind]
-    missing = [k for k in keys if k not in config]
-    extra = [k for k in config if k not in keys]
-    if missing or extra:
-        raise ValueError(f"{name}: config keys must be {list(keys)} (missing {missing}, unknown {extra})")
-    for key in keys:
-        value = config[key]
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"{name}: config {key} must be an integer, got {value!r}")
-    if config["num_warps"] not in WARPS:
-        raise ValueError(f"{name}: num_warps must be one of {WARPS}, got {config['num_warps']}")
-    if not 1 <= config["num_stages"] <= 8:
-        raise ValueError(f"{name}: num_stages must be in 1..8, got {config['num_stages']}")
-    blocks = [k for k in keys if k.endswith("BLOCK") or k.startswith("BLOCK")]
-    for key in blocks:
-        if not _pow2(config[key]) or config[key] > MAX_BLOCK_NUMEL:
-            raise ValueError(f"{name}: {key} must be a power of two <= {MAX_BLOCK_NUMEL}, got {config[key]}")
-    if kind == "reduction":
-        if config["XBLOCK"] * config["RBLOCK"] > MAX_BLOCK_NUMEL:
-            raise ValueError(f"{name}: XBLOCK*RBLOCK exceeds {MAX_BLOCK_NUMEL}")
-        if variant == "persistent" and config["RBLOCK"] < sizes.get("rnumel", 0):
-            raise ValueError(f"{name}: persistent needs RBLOCK >= rnumel ({sizes['rnumel']}), "
-                             f"got {config['RBLOCK']}")
-    if kind == "matmul":
-        for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
-            if not 16 <= config[key] <= 512:
-                raise ValueError(f"{name}: {key} must be in 16..512, got {config[key]}")
-        if not 1 <= config["GROUP_M"] <= 64:
-            raise ValueError(f"{name}: GROUP_M must be in 1..64, got {config['GROUP_M']}")
+    kinds.kind_of(kind, variant).validate(variant, config, sizes, name)
 
 
 @dataclass(frozen=True)

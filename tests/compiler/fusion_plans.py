@@ -18,13 +18,10 @@ from typing import Any
 
 from torch import fx
 
-from compiler.codegen import generate_kernel
+from compiler.codegen import generate_kernel, kinds
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.fusion import classify
-
-VARIANTS = {"pointwise": ("pointwise",), "reduction": ("looped", "persistent", "online"),
-            "matmul": ("triton", "aten")}
 
 
 def graphs() -> Iterator[tuple[str, fx.GraphModule, list[Any]]]:
@@ -44,7 +41,7 @@ def _names(nodes: list[fx.Node]) -> list[str]:
 
 def _kernel(program: Program, group: KernelGroup) -> dict[str, Any]:
     sources = {}
-    for variant in VARIANTS[group.kind]:
+    for variant in kinds.variants_of(group.kind):
         try:
             gen = generate_kernel(group, variant, program.is_buffer, [])
         except Exception as exc:  # noqa: BLE001 - which error a variant raises is part of the plan
