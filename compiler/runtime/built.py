@@ -193,6 +193,8 @@ class Built:
         if self._graphs is not None:
             out = self._graphs(inputs)
             if out is not None:
+                if boxed:
+                    inputs.clear()  # type: ignore[attr-defined]
                 return out
         elif self._cuda_inputs(inputs) and cudagraphs.enabled():
             self._graphs = cudagraphs.GraphRunner(lambda xs: self._launcher(xs, False),

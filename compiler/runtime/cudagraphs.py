@@ -1,11 +1,31 @@
-"""CUDA graph replay for built graphs whose calls cost more in launches than in copies.
+"""CUDA graph replay for built graphs, training graphs included.
 
-The second call of a `Built` on CUDA captures its launches into one CUDA graph. Inputs
-whose memory is the same as on the first call (parameters) are read in place; the others
-are copied into static buffers before each replay. Outputs are copied out of the graph's
-memory (strides and aliasing kept) so that a caller may keep them. Capture happens only
-when those copies are small (the launch-bound case), and any failure falls back to plain
-launches for good.
+A `Built` on CUDA hands each call to a `GraphRunner` first. The runner captures the graph's
+launches into one CUDA graph (its own memory pool) once two consecutive calls agree on
+where the inputs live:
+
+- Inputs at the same address as on the previous call (parameters; a backward's saved
+  activations when the forward replays from its own graph, whose outputs stay at fixed
+  addresses) are read in place. The others are copied into static buffers before each
+  replay; capture waits (a few calls) while those copies would be large, and is given up
+  when they stay large.
+- Outputs stay in the graph's memory: each replay returns fresh tensors over it (strides,
+  offsets and aliasing as captured), without copying, so saved activations cost nothing.
+  The next replay would overwrite them, so the runner replays only when no tensor still
+  holds the memory that the previous replay handed out (the storages' use counts are
+  back to the runner's own). When one does (a loss kept across steps, a gradient that
+  `.grad` stole and a caller keeps), this call runs without the graph, and from then on
+  that output is copied out of the graph's memory (strides and aliasing kept) before it
+  is returned. Outputs that alias an input read in place are returned as views of it;
+  those that alias a copied input are always copied.
+- An input read in place that moved, or a held output, makes the call run without the
+  graph and a later call capture again (with that output copied out from then on: a
+  `.grad` that keeps the first gradient it stole); after MAX_RECAPTURES of those replay is
+  given up for good, as it is on any capture failure.
+
+Forward and backward have one pool each (not one shared pool as Inductor's cudagraph trees
+have): sharing would let the backward's outputs and the forward's temporaries take the
+same memory, which needs liveness tracking across the two graphs.
 """
 
 from __future__ import annotations
@@ -19,9 +39,14 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# Copies into and out of a graph cost memory traffic that plain launches do not: allow
-# about what launch overhead costs, 4 MiB of copies per step the graph replaces.
+# Copies into a graph cost memory traffic that plain launches do not: allow about what
+# launch overhead costs, 4 MiB of copies per step the graph replaces.
 COPY_BYTES_PER_STEP = 4 << 20
+# Calls that may pass without capturing while inputs still move (a backward waits for its
+# forward's graph), and captures made again after a refused replay (moved inputs, held
+# outputs) before replay is given up.
+MAX_WAIT = 4
+MAX_RECAPTURES = 4
 
 
 def enabled() -> bool:
@@ -31,6 +56,11 @@ def enabled() -> bool:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """References to `t`'s storage (every tensor over it, views and detached ones too)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 def _copy_out(values: list[Any]) -> list[Any]:
@@ -63,56 +93,101 @@ def _copy_out(values: list[Any]) -> list[Any]:
     return result
 
 
+class _Out:
+    """Where one tensor output lives: over base `base` (a tensor over its storage), or,
+    `base` -1, over input `input` (read in place: a view of the call's own input); its
+    size, strides and storage offset."""
+
+    __slots__ = ("base", "input", "offset", "size", "stride")
+
+    def __init__(self, base: int, t: torch.Tensor, input: int = -1) -> None:
+        self.base, self.input, self.size, self.stride = base, input, tuple(t.shape), t.stride()
+        self.offset = t.storage_offset()
+
+
 class GraphRunner:
-    """Captures `run(inputs)` once inputs' addresses are known, then replays it."""
+    """Captures `run(inputs)` once inputs' addresses settle, then replays it."""
 
     def __init__(self, run: Callable[[Sequence[Any]], Any], steps: int) -> None:
         self.run = run
         self.max_copy_bytes = steps * COPY_BYTES_PER_STEP
-        self.first_ptrs: list[int] | None = None
+        self.last_ptrs: list[int] | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed = False
+        self.waited = 0
+        self.recaptures = 0
+        self.replays = 0
         self.static: list[Any] = []
         self.staged: list[int] = []
         self.direct: list[tuple[int, int]] = []
-        self.outputs: Any = None
+        # Outputs: the captured structure (one tensor, or a tuple) with tensors as _Out.
+        self.single = False
+        self.layout: list[Any] = []
+        self.bases: list[torch.Tensor] = []  # one tensor per (storage, dtype) of the outputs
+        self.counts: list[int] = []  # use count of each base's storage held by us alone
+        self.copied: set[int] = set()  # bases whose outputs are copied out
+        self.copy_outputs: set[int] = set()  # outputs a caller kept: copied from then on
+        self.handed: list[int] = []  # bases the last replay returned without copying
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
-        """Replay (or capture, on the second call); None means: run without a graph."""
+        """Replay (or capture); None means: run this call without a graph."""
         if self.failed:
             return None
         ptrs = [t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in inputs]
         if self.graph is None:
-            if self.first_ptrs is None:
-                self.first_ptrs = ptrs
-                return None
-            return self._capture(inputs, ptrs)
+            return self._maybe_capture(inputs, ptrs)
         for i, ptr in self.direct:
-            if ptrs[i] != ptr:  # a parameter moved: graphs no longer fit this caller
-                self.failed, self.graph = True, None
-                log.info("kiln: input %d moved between calls; CUDA graph replay disabled", i)
-                return None
+            if ptrs[i] != ptr:  # e.g. the forward ran without its graph, or copies an output
+                return self._recapture(ptrs, f"input {i} moved")
+        held = [k for k in self.handed if _use_count(self.bases[k]) > self.counts[k]]
+        if held:
+            self.copy_outputs.update(j for j, out in enumerate(self.layout)
+                                     if type(out) is _Out and out.base in held)
+            return self._recapture(ptrs, f"{len(held)} output(s) of the last replay still held")
         for i in self.staged:
             self.static[i].copy_(inputs[i])
         self.graph.replay()
-        return self._clone_outputs()
+        self.replays += 1
+        return self._outputs(inputs)
 
-    def _clone_outputs(self) -> Any:
-        if isinstance(self.outputs, torch.Tensor):  # a graph whose output is one tensor
-            return _copy_out([self.outputs])[0]
-        return tuple(_copy_out(list(self.outputs)))
-
-    def _capture(self, inputs: Sequence[Any], ptrs: list[int]) -> Any:
-        assert self.first_ptrs is not None
-        tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
-        self.staged = [i for i in tensors if ptrs[i] != self.first_ptrs[i]]
-        self.direct = [(i, ptrs[i]) for i in tensors if i not in self.staged]
-        copy_bytes = sum(_nbytes(inputs[i]) for i in self.staged)
-        if copy_bytes > self.max_copy_bytes or any(inputs[i].requires_grad for i in self.staged):
-            self.failed = True
+    def _recapture(self, ptrs: list[int], why: str) -> None:
+        """This call runs without the graph; a later one captures again (the memory a
+        caller holds stays theirs: the old graph's pool lives as long as they hold it)."""
+        self.recaptures += 1
+        if self.recaptures > MAX_RECAPTURES:
+            log.info("kiln: CUDA graph replay refused %d times (%s); running without",
+                     self.recaptures, why)
+            self._give_up()
             return None
+        log.debug("kiln: CUDA graph captured again (%s)", why)
+        self.graph, self.static, self.bases, self.layout = None, [], [], []
+        self.last_ptrs, self.waited = ptrs, 0
+        return None
+
+    def _give_up(self) -> None:
+        self.failed, self.graph = True, None
+        self.static, self.bases, self.layout = [], [], []
+
+    def _maybe_capture(self, inputs: Sequence[Any], ptrs: list[int]) -> Any:
+        last, self.last_ptrs = self.last_ptrs, ptrs
+        if last is None or len(last) != len(ptrs):
+            return None
+        tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+        staged = [i for i in tensors if ptrs[i] != last[i]]
+        if (sum(_nbytes(inputs[i]) for i in staged) > self.max_copy_bytes
+                or any(inputs[i].requires_grad for i in staged)):
+            self.waited += 1
+            if self.waited > MAX_WAIT:
+                self._give_up()
+            return None
+        return self._capture(inputs, staged)
+
+    def _capture(self, inputs: Sequence[Any], staged: list[int]) -> Any:
+        self.staged = staged
+        self.direct = [(i, inputs[i].data_ptr()) for i, t in enumerate(inputs)
+                       if isinstance(t, torch.Tensor) and i not in staged]
         self.static = list(inputs)
-        for i in self.staged:
+        for i in staged:
             t = inputs[i]
             self.static[i] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
             self.static[i].copy_(t)
@@ -127,14 +202,57 @@ class GraphRunner:
                 outputs = self.run(self.static)
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: no graphs
             log.info("kiln: CUDA graph capture failed (%s); running without", exc)
-            self.failed = True
+            self._give_up()
             return None
-        flat = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
-        out_bytes = sum({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
-                         for o in flat if isinstance(o, torch.Tensor)}.values())
-        if copy_bytes + out_bytes > self.max_copy_bytes:
-            self.failed = True
-            return None
-        self.graph, self.outputs = graph, outputs
+        self._keep_outputs(outputs)
+        del outputs  # the bases alone hold the graph's output memory now
+        # Keep the static copies only: holding an input read in place (a forward's output)
+        # would look like a caller holding it to the graph that made it.
+        self.static = [t if i in staged else None for i, t in enumerate(self.static)]
+        self.counts = [_use_count(b) for b in self.bases]
+        self.graph = graph
         graph.replay()
-        return self._clone_outputs()
+        self.replays += 1
+        return self._outputs(inputs)
+
+    def _keep_outputs(self, outputs: Any) -> None:
+        self.single = isinstance(outputs, torch.Tensor)
+        flat = [outputs] if self.single else list(outputs)
+        direct_storages = {self.static[i].untyped_storage().data_ptr(): i for i, _ in self.direct}
+        staged_storages = {self.static[i].untyped_storage().data_ptr() for i in self.staged}
+        index: dict[tuple[int, torch.dtype], int] = {}
+        self.layout, self.bases, self.copied = [], [], set()
+        for value in flat:
+            if not isinstance(value, torch.Tensor):
+                self.layout.append(value)
+                continue
+            storage = value.untyped_storage().data_ptr()
+            if storage in direct_storages and value.dtype == self.static[direct_storages[storage]].dtype:
+                self.layout.append(_Out(-1, value, direct_storages[storage]))
+                continue
+            key = (storage, value.dtype)
+            if key not in index:
+                index[key] = len(self.bases)
+                self.bases.append(value)
+            if storage in staged_storages or len(self.layout) in self.copy_outputs:
+                self.copied.add(index[key])  # (a staged input: the next copy overwrites it)
+            self.layout.append(_Out(index[key], value))
+
+    def _outputs(self, inputs: Sequence[Any]) -> Any:
+        views: list[Any] = []
+        copy: list[int] = []
+        for j, out in enumerate(self.layout):
+            if type(out) is not _Out:
+                views.append(out)
+                continue
+            if out.base < 0:
+                views.append(inputs[out.input].as_strided(out.size, out.stride, out.offset))
+                continue
+            views.append(self.bases[out.base].as_strided(out.size, out.stride, out.offset))
+            if out.base in self.copied:
+                copy.append(j)
+        if copy:
+            for j, value in zip(copy, _copy_out([views[j] for j in copy]), strict=True):
+                views[j] = value
+        self.handed = [k for k in range(len(self.bases)) if k not in self.copied]
+        return views[0] if self.single else tuple(views)
