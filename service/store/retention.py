@@ -10,6 +10,9 @@ of each entry's latest tuning pass. Deleted when older than the policy says:
 - per-minute hit and miss counters, `counters_days` after their minute;
 - workers stopped or dead for `workers_days`;
 - dashboard sessions that have expired (at once);
+- compiled kernel binaries (service/store/binaries.py) stored over BINARIES_GRACE_DAYS (1) ago whose
+  kernel source no entry's schedule uses any more (every entry that had it was invalidated,
+  or re-tuned to other kernels); a later build stores them again;
 - only when `wire_days` is given: the stored wire form (the body, up to the wire size limit)
   of graphs whose every entry went unused (no hit, no change) for `wire_days` and has no job
   in flight. The graph row, its entries and their schedules stay and keep serving; a job that
@@ -30,12 +33,17 @@ from service.models import (
     GraphRow,
     JobEventRow,
     JobRow,
+    KernelBinaryFileRow,
+    KernelBinaryRow,
+    KernelRow,
     LookupCountRow,
     MeasurementRow,
     ScheduleRow,
     WorkerRow,
     utcnow,
 )
+
+BINARIES_GRACE_DAYS = 1.0  # a binary is stored with its schedule; a day covers any race
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,12 @@ def prune(session: Session, policy: Policy = Policy(), dry_run: bool = False) ->
         ScheduleRow, ScheduleRow.key == MeasurementRow.schedule_key
     ).where(ScheduleRow.status == "invalidated")
     finished_jobs = select(JobRow.id).where(JobRow.status.in_(("done", "failed")))
+    used_sources = select(KernelRow.source_hash).join(
+        ScheduleRow, ScheduleRow.key == KernelRow.schedule_key
+    ).where(ScheduleRow.status != "invalidated", KernelRow.source_hash.is_not(None))
+    stale_binaries = select(KernelBinaryRow.key).where(
+        KernelBinaryRow.created_at < before(BINARIES_GRACE_DAYS),
+        KernelBinaryRow.source_hash.not_in(used_sources))
     targets = {
         "job_events": (JobEventRow, (JobEventRow.at < before(policy.events_days))
                        & JobEventRow.job_id.in_(finished_jobs)),
@@ -76,6 +90,9 @@ def prune(session: Session, policy: Policy = Policy(), dry_run: bool = False) ->
         "workers": (WorkerRow, WorkerRow.status.in_(("stopped", "dead"))
                     & (WorkerRow.heartbeat_at < before(policy.workers_days))),
         "dashboard_sessions": (DashboardSessionRow, DashboardSessionRow.expires_at <= now),
+        # files first: SQLite enforces no foreign-key cascade unless asked
+        "kernel_binary_files": (KernelBinaryFileRow, KernelBinaryFileRow.key.in_(stale_binaries)),
+        "kernel_binaries": (KernelBinaryRow, KernelBinaryRow.key.in_(stale_binaries)),
     }
     counts: dict[str, int] = {}
     for name, (model, where) in targets.items():

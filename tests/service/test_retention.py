@@ -21,6 +21,8 @@ from service.models import (
     GraphRow,
     JobEventRow,
     JobRow,
+    KernelBinaryFileRow,
+    KernelBinaryRow,
     LookupCountRow,
     MeasurementRow,
     ScheduleRow,
@@ -55,6 +57,12 @@ def _seed(ctx: ServiceContext) -> str:
                               heartbeat_at=utcnow()))
         create_session(session, "t", ttl_s=-1)
         create_session(session, "t")
+        # Binaries of kernels no schedule uses: an old one goes, a fresh one stays.
+        for key in ("a" * 64, "b" * 64):
+            store.add_binaries(session, [{"key": key, "source_hash": "c" * 64, "arch": "sm_90",
+                                          "files": {"k.json": b"{}", "k.cubin": b"x"}}], "w")
+        session.query(KernelBinaryRow).filter(KernelBinaryRow.key == "a" * 64).update(
+            {"created_at": old})
         return job.key
 
 
@@ -81,7 +89,8 @@ def test_prune_deletes_only_what_the_policy_lets_go(any_ctx: ServiceContext) -> 
         assert _count(session, JobEventRow) == 2  # a dry run deletes nothing
         deleted = prune(session, Policy())
     assert deleted == counted == {"job_events": 1, "measurements": 1, "lookup_counts": 1,
-                                  "workers": 1, "dashboard_sessions": 1}
+                                  "workers": 1, "dashboard_sessions": 1,
+                                  "kernel_binary_files": 2, "kernel_binaries": 1}
     with ctx.transaction() as session:
         assert [e.message for e in session.scalars(select(JobEventRow))] == ["recent"]
         kept = session.scalars(select(MeasurementRow)).one()
@@ -90,6 +99,8 @@ def test_prune_deletes_only_what_the_policy_lets_go(any_ctx: ServiceContext) -> 
         assert _count(session, LookupCountRow) == 1
         assert _count(session, DashboardSessionRow) == 1
         assert _count(session, GraphRow) == 1 and _count(session, JobRow) == 1
+        assert list(session.scalars(select(KernelBinaryRow.key))) == ["b" * 64]
+        assert _count(session, KernelBinaryFileRow) == 2
         assert prune(session, Policy()) == dict.fromkeys(deleted, 0)
 
 
