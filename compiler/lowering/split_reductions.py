@@ -45,11 +45,18 @@ device facts; the reference is an H200's 132 SMs):
   (column regime) partial outputs, each reducing at least `min_chunk` elements, with at
   most `max_partials` partials per output (stage 2 stays one short pass).
 
+Two identical reductions that the rule splits (var_mean's decomposition computes its mean
+twice) are split once: unsplit they shared a kernel, split their stage 2s would not.
+
 `KILN_SPLIT_REDUCTIONS`: `auto` (default: the rule above), `off`, or an integer N: split
-every sum/mean/amax/amin over at least two elements into N partials per output (tests
-use it to force a split). Lowering must be the same where a schedule is made and where it
-is built (the service's CPU worker and the clients), so set it alike on both, or only
-for local experiments (`KILN_URL=off`).
+every sum/mean/amax/amin over at least two elements, whatever its size, into about N
+partials per output (the row regime still keeps its outer reduced dims whole); tests use
+it to force a split. It is read when a graph is lowered (lowerings are cached per graph
+in a process). Lowering must be the same where a schedule is made and where it is built
+(the service's CPU worker and the clients): set it alike on both, or use it for local
+experiments only (`KILN_URL=off`). The split factor is not a schedule choice: kernels
+and their buffers come from the graph alone (a schedule picks variants and block sizes),
+so tuning it would need a lowering option carried by the schedule.
 
 Not split: argmax/argmin (partials would need their indices), prod, any/all, and
 reductions of dtypes Triton does not have.

@@ -222,6 +222,23 @@ def test_reductions_against_eager(split, name: str, dims: tuple[int, ...], keepd
     assert _stages(_split_kernels(fns[name], x)) == [{"stage1"}, {"stage2"}]
 
 
+def test_var_std_and_var_mean_over_columns(split) -> None:
+    split("6")
+    x = rand((41, 10), seed=24)
+
+    def fn(x):  # noqa: ANN001, ANN202
+        return x.var(0), x.std(0, keepdim=True), *torch.var_mean(x, 0, correction=0)
+
+    check(fn, x, tol=(1e-4, 1e-4))
+    # two passes over x: every mean's stage 1 in one kernel, every sum of squares' in another
+    # (the three identical keepdim means of the decompositions are split once)
+    stages = _stages(_split_kernels(fn, x))
+    assert stages.count({"stage1"}) == 2
+    program, _ = lower_graph(trace(fn, x), [x])
+    firsts = [m for k in program.kernels for m in k.anchors if m.meta.get("kiln_split") == "stage1"]
+    assert len(firsts) == 2 + 3  # means: keepdim and not; sums of squares: one per statistic
+
+
 def test_max_keeps_nan_and_integers_split_too(split) -> None:
     split("4")
     x = rand((23, 7), seed=18)
