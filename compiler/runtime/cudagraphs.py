@@ -205,6 +205,8 @@ class GraphRunner:
             self._give_up()
             return None
         self._keep_outputs(outputs)
+        if not hasattr(torch._C, "_storage_Use_Count"):  # no way to tell: copy them all out
+            self.copied = set(range(len(self.bases)))
         del outputs  # the bases alone hold the graph's output memory now
         # Keep the static copies only: holding an input read in place (a forward's output)
         # would look like a caller holding it to the graph that made it.

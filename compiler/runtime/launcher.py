@@ -9,8 +9,9 @@ written out, a kernel launched with its grid and block sizes written out, and ea
 deleted after its last use (a buffer whose value died is reused for a later one with the
 same layout when only kernels ever read it, so no view can alias it).
 
-The source is generated from the validated graph only (node slots, numbers, names chosen
-here; every other object is bound as a global of the function, never written as text),
+The source is generated from the validated graph only (node slots, checked integers and
+finite floats, names chosen here, keyword names of torch's op schemas; every other object,
+strings included, is bound as a global of the function, never written as text),
 deterministically (`source(device, mode)`; the same graph gives the same text), and
 compiled with `compile()`. Nothing a client sent is executed.
 
@@ -34,6 +35,7 @@ Launch modes, per device:
 
 from __future__ import annotations
 
+import keyword
 import math
 import operator
 import threading
@@ -68,10 +70,10 @@ class _Namespace:
         return name
 
     def literal(self, value: Any) -> str:
-        """Source for a constant argument: Python literals for ints, finite floats, bools,
-        None and strings; a global name for anything else (dtypes, devices, NaN, ...)."""
+        """Source for a constant argument: Python literals for ints, finite floats, bools
+        and None; a global name for anything else (strings, dtypes, devices, NaN, ...)."""
         kind = type(value)
-        if value is None or kind is bool or kind is int or kind is str:
+        if value is None or kind is bool or kind is int:
             return repr(value)
         if kind is float and math.isfinite(value):
             return repr(value)
@@ -79,7 +81,21 @@ class _Namespace:
 
 
 def _var(slot: int) -> str:
-    return f"v{slot}"
+    return f"v{operator.index(slot)}"
+
+
+def _ints(values: Sequence[Any]) -> str:
+    """A tuple literal of integers (sizes, strides), each checked to be one."""
+    return _tuple([str(operator.index(v)) for v in values])
+
+
+def _tuple(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _comment(text: Any) -> str:
+    """A name for a comment: letters, digits, '_' and '.' only."""
+    return "".join(c for c in str(text) if c.isalnum() or c in "_.")[:80]
 
 
 def _render(tree: Any, ns: _Namespace) -> str:
@@ -87,8 +103,7 @@ def _render(tree: Any, ns: _Namespace) -> str:
     if type(tree) is Slot:
         return _var(tree.index)
     if isinstance(tree, tuple):
-        items = [_render(a, ns) for a in tree]
-        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+        return _tuple([_render(a, ns) for a in tree])
     if isinstance(tree, list):
         return f"[{', '.join(_render(a, ns) for a in tree)}]"
     if isinstance(tree, dict):
@@ -105,11 +120,14 @@ def _call_source(step: Call, ns: _Namespace) -> str:
     entry = getattr(target, "_op", None) if isinstance(target, torch._ops.OpOverload) else None
     name = ns.bind("op", entry if entry is not None else target)
     parts = [_render(a, ns) for a in args]
+    schema = getattr(target, "_schema", None)
+    declared = {a.name for a in schema.arguments} if schema is not None else set()
     for key, value in kwargs.items():
-        if not (isinstance(key, str) and key.isidentifier()):
-            raise ValueError(f"keyword argument {key!r} is not an identifier")
-        parts.append(f"{key}={_render(value, ns)}")
-    return f"{_var(step.slot)} = {name}({', '.join(parts)})  # {target}"
+        if key in declared and key.isidentifier() and not keyword.iskeyword(key):
+            parts.append(f"{key}={_render(value, ns)}")  # a name of torch's op schema
+        else:
+            parts.append(f"**{{{ns.literal(key)}: {_render(value, ns)}}}")
+    return f"{_var(step.slot)} = {name}({', '.join(parts)})  # {_comment(target)}"
 
 
 class Plan:
@@ -227,8 +245,8 @@ def generate(plan: Plan, device: torch.device, mode: str,
         if m is None:
             continue
         v = _var(slot)
-        checks.append(f"        if {v}.shape != {tuple(m.shape)!r} or {v}.stride() != "
-                      f"{tuple(m.stride)!r} or {v}.dtype != {ns.literal(m.dtype)}:")
+        checks.append(f"        if {v}.shape != {_ints(m.shape)} or {v}.stride() != "
+                      f"{_ints(m.stride)} or {v}.dtype != {ns.literal(m.dtype)}:")
         checks.append(f"            check({pos}, {v})")
     if checks:
         emit("    try:")
@@ -285,7 +303,7 @@ def _foreign(plan: Plan, launch: Launch) -> list[int]:
 def _launch_lines(launch: Launch, i: int, plan: Plan, ns: _Namespace, mode: str,
                   kernel_for: Callable[[Launch], Any], recorded: list[Recorded | None] | None,
                   emit: Callable[[str], None]) -> None:
-    emit(f"    # {launch.name}")
+    emit(f"    # {_comment(launch.name)}")
     for slot, shape, stride, dtype in launch.outs:
         v = _var(slot)
         if slot in plan.reuse:
@@ -293,7 +311,7 @@ def _launch_lines(launch: Launch, i: int, plan: Plan, ns: _Namespace, mode: str,
             emit(f"    {v} = {old}  # reused")
             emit(f"    del {old}")
         else:
-            emit(f"    {v} = empty_strided({tuple(shape)!r}, {tuple(stride)!r}, "
+            emit(f"    {v} = empty_strided({_ints(shape)}, {_ints(stride)}, "
                  f"dtype={ns.literal(dtype)}, device=dev)")
         if launch.poison is not False:
             emit(f"    poison({v}, {ns.literal(launch.poison)})")
@@ -316,7 +334,7 @@ def _launch_lines(launch: Launch, i: int, plan: Plan, ns: _Namespace, mode: str,
         emit(f"    {jit_call}")
         return
     kernel = rec.kernel
-    grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    grid = [operator.index(g) for g in launch.grid] + [1] * (3 - len(launch.grid))
     values = [args[o] if isinstance(o, int) else ns.literal(o.value) for o in order]
     direct = (f"{ns.bind('L', kernel.run)}({grid[0]}, {grid[1]}, {grid[2]}, stream, "
               f"{ns.bind('F', kernel.function)}, {ns.bind('M', kernel.packed_metadata)}, "

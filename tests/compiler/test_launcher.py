@@ -280,3 +280,14 @@ def test_a_launch_without_a_compiled_kernel_keeps_the_jit_path() -> None:
     _same(launcher(list(xs), False), want)  # the interpreter returns no CompiledKernel
     assert launcher.modes[cpu] == "jit"
     _same(launcher(list(xs), False), want)
+
+
+def test_scalar_tensors_render() -> None:
+    def f(x: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * s, (x * s).sum()
+
+    x, s = rand((8, 4), seed=6), torch.tensor(1.5)
+    built = compiler.build(trace(f, x, s), None, [x, s])
+    assert "v1.shape != ()" in built.launcher_source()
+    _same(built(x, s), built._run([x, s], None))
+
