@@ -38,6 +38,21 @@ def check(node: fx.Node) -> None:
         raise Unsupported(f"matmul of {da} x {db}")
 
 
+def check_member(group: KernelGroup, writer: Writer, node: fx.Node) -> None:
+    """Evaluate the member `node` alone at its index in the template's epilogue, the
+    accumulator set at its own: raises NotFusible when `node` needs the matmul's result at
+    another index (fusion's check for a member joining this kernel)."""
+    mm = group.anchors[0]
+    out = meta(mm)
+    lead = ("rb",) if len(out.shape) == 3 else ()
+    natural = lead + ("rm", "rn")
+    writer.anchors[mm] = (natural, "acc")
+    n = out.shape[-1]
+    flat = f"rm * {n} + rn" if not lead else f"rb * {out.shape[-2] * n} + rm * {n} + rn"
+    idx = pointwise.member_index(writer, node, natural, out.shape, flat)
+    writer.value(node, idx, "mmask")
+
+
 def generate(group: KernelGroup, writer: Writer, comment: list[str]) -> Generated:
     """The kernel of a matmul group: the template with its epilogue."""
     mm = group.anchors[0]

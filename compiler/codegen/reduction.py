@@ -302,6 +302,26 @@ class RowFrame:
         for n in self.full_members:
             store(self.w, n, full, self.w.value(n, full, "rowmask"), "rowmask")
 
+    def check_member(self, node: fx.Node) -> None:
+        """Fusion's check of `node`, the kernel's new last member, without generating the
+        kernel: evaluate only what `node` adds where the looped variant computes it, every
+        other reduction's value set at its own index. Raises NotFusible when it needs one
+        at another index, or (a reduction making this a reduction kernel) when another
+        member is not a row of the domain. The members before `node` cannot read it, so
+        what they evaluate is what they evaluated when they joined."""
+        rows = self.row_index()
+        for n in self.infos:
+            if n is not node:
+                self.set_anchor(n, self.reducers[n].acc, rows)
+        if node in self.infos:
+            self.reducers[node].value(self.open_rows(loop=True))
+            for n in self.row_members:
+                _row_index(n, self.infos, self.xdims, self.dom, self.shape)
+        elif node in self.full_members:
+            self.w.value(node, self.open_rows(loop=True), "rowmask")
+        else:
+            self.w.value(node, _row_index(node, self.infos, self.xdims, self.dom, self.shape), "xmask")
+
     def finish(self, comment: list[str]) -> Generated:
         """Store the row-shaped members (reductions included) and assemble the module."""
         w = self.w

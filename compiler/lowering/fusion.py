@@ -6,7 +6,9 @@
 3. group the realized nodes in topological order: a node joins an earlier related kernel
    over the same domain (pointwise chains, producers into reductions, reductions with
    their consumers, epilogues into matmuls) when its inputs are ready before that kernel
-   runs and code generation accepts the group; otherwise it starts a kernel;
+   runs and the kernel's kind accepts it (`KernelKind.fits`: what the node reads of the
+   kernel's reductions or matmul result, at their own index; checked by evaluating the
+   node's value alone, no kernel is generated); otherwise it starts a kernel;
 4. a value that step 3 left inlined into two or more kernels (each would recompute it) is
    realized and the nodes grouped again, unless it is cheap: a few ops reading at most one
    large buffer the graph computes, and not inside another such value. Otherwise a chain
@@ -24,7 +26,7 @@ import operator
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds, rules, views
+from compiler.codegen import Unsupported, kinds, rules, views
 from compiler.codegen import matmul as matmul_codegen
 from compiler.codegen.common import TL_DTYPES
 from compiler.codegen.reduction import reduction_info
@@ -296,11 +298,31 @@ class _Planner:
         trial = KernelGroup(group.name, new_kind, new_dom, group.members + [node], group.position,
                             anchors=anchors, dtype=group.dtype)
         trial.stored = list(trial.members)
-        try:  # NotFusible: a value is needed at another index than it is computed at
-            generate_kernel(trial, kinds.trial_variant(new_kind), self.is_buffer, [])
-        except NotFusible:
-            return None
+        if kind == "reduction" or self.reads_anchor(trial, node):
+            template = kinds.kind_of(new_kind, kinds.trial_variant(new_kind))
+            if not template.fits(trial, node, self.is_buffer):
+                return None
         return trial
+
+    def reads_anchor(self, group: KernelGroup, node: fx.Node) -> bool:
+        """Whether computing `node` in `group` evaluates one of its anchors (a reduction's
+        result, the matmul's accumulator), through lazy values and the group's members.
+
+        Only then (or when a reduction joins) can a join fail in code generation: an
+        anchor is valid at its own index alone (NotFusible elsewhere), and the shapes
+        `trial` checks are the other reasons. So a join that reads no anchor needs no
+        check, and one that does asks its kernel kind's `fits`, which evaluates the new
+        member's value alone; the members before it passed when they joined."""
+        anchors, members = set(group.anchors), set(group.members)
+        seen, todo = {node}, [node]
+        while todo:
+            for arg in todo.pop().all_input_nodes:
+                if arg in anchors:
+                    return True
+                if arg not in seen and (arg in members or not self.is_buffer(arg)):
+                    seen.add(arg)
+                    todo.append(arg)
+        return False
 
     def mark_stored(self, groups: list[KernelGroup], steps: list[Step]) -> None:
         needed: set[fx.Node] = set()

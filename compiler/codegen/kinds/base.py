@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from torch import fx
 
 from compiler.codegen import rules
+from compiler.codegen.common import NotFusible
 from compiler.codegen.writer import Generated, Writer
 from compiler.ir import KernelGroup
 
@@ -114,6 +115,21 @@ class KernelKind:
                  comment: list[str], int64: bool) -> Generated:
         """The Triton module of `group` in `variant`."""
         raise NotImplementedError
+
+    def fits(self, group: KernelGroup, node: fx.Node, is_buffer: Callable[[fx.Node], bool]) -> bool:
+        """Whether `group`'s new last member `node` can be computed where this kind's kernel
+        computes it: every anchor it reads (a reduction's result, a matmul's accumulator)
+        read at the anchor's own index, and (a new reduction) every member a row or the
+        whole of its domain. Fusion asks this when a reduction joins or a join reads an
+        anchor; the members before `node` passed when they joined. By default: generate
+        the whole kernel in the kind's trial variant."""
+        if self.trial_variant is None:
+            return False
+        try:
+            self.generate(group, self.trial_variant, is_buffer, [], int64=False)
+        except NotFusible:
+            return False
+        return True
 
 
 def validate_keys(keys: tuple[str, ...], config: dict[str, Any], name: str) -> None:

@@ -11,6 +11,7 @@ import torch
 from torch import fx
 
 from compiler.codegen import matmul
+from compiler.codegen.common import NotFusible
 from compiler.codegen.kinds.base import (
     BlockLimits,
     Config,
@@ -124,6 +125,14 @@ class MatmulKind(KernelKind):
     def generate(self, group: KernelGroup, variant: str, is_buffer: Callable[[fx.Node], bool],
                  comment: list[str], int64: bool) -> Generated:
         return matmul.generate(group, writer(set(group.members), is_buffer, int64), comment)
+
+    def fits(self, group: KernelGroup, node: fx.Node, is_buffer: Callable[[fx.Node], bool]) -> bool:
+        """The epilogue member alone, at its index (no template): see `KernelKind.fits`."""
+        try:
+            matmul.check_member(group, writer(set(group.members), is_buffer, False), node)
+        except NotFusible:
+            return False
+        return True
 
 
 KIND = MatmulKind()

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import fx
 
+from compiler.codegen.common import NotFusible
 from compiler.codegen.kinds.base import (
     MAX_BLOCK_NUMEL,
     WARPS,
@@ -251,6 +252,14 @@ class ReductionKind(KernelKind):
         frame = RowFrame(group, writer(set(group.members), is_buffer, int64), is_buffer)
         VARIANTS[variant].body(frame)
         return frame.finish(comment)
+
+    def fits(self, group: KernelGroup, node: fx.Node, is_buffer: Callable[[fx.Node], bool]) -> bool:
+        """What the new member adds, alone, in the row frame: see `KernelKind.fits`."""
+        try:
+            RowFrame(group, writer(set(group.members), is_buffer, False), is_buffer).check_member(node)
+        except NotFusible:
+            return False
+        return True
 
 
 KIND = ReductionKind()
