@@ -26,8 +26,9 @@ Launch modes, per device:
   kernel's launcher itself, `kernel.run(gx, gy, gz, stream, kernel.function,
   kernel.packed_metadata, None, None, None, *args)` (Triton 3.6 and 3.9 both launch this
   way from `JITFunction.run`), skipping the JIT's argument binding, specialisation and
-  cache lookup. It falls back to the "jit" function for the whole call when a Triton
-  launch hook is set, the current device is another one, or an input's alignment differs
+  cache lookup, and passes no launch metadata and no hooks (what the JIT's launch does
+  with Triton's empty hook chains). It falls back to the "jit" function for the whole
+  call when a Triton launch hook is set (a profiler), the current device is another one, or an input's alignment differs
   from the recorded call's, and to the JIT for one launch when an argument an ATen call
   produced is aligned differently. Any launch whose JIT result is not a compiled kernel
   keeps the whole device on "jit".
@@ -36,6 +37,7 @@ Launch modes, per device:
 from __future__ import annotations
 
 import keyword
+import logging
 import math
 import operator
 import threading
@@ -45,6 +47,8 @@ from typing import Any
 import torch
 
 from compiler.runtime.execution import AtenMatmul, Call, Launch, Slot, _poison
+
+log = logging.getLogger(__name__)
 
 MODES = ("jit", "record", "direct")
 CPU = torch.device("cpu")
@@ -258,8 +262,8 @@ def generate(plan: Plan, device: torch.device, mode: str,
     input_slots = {slot for slot, _ in plan.inputs}
     if mode == "direct":
         assert recorded is not None
-        guards = ["RT.launch_enter_hook is not None", "RT.launch_exit_hook is not None",
-                  f"current_device() != {device.index}"]
+        dev_index = "None" if device.index is None else str(operator.index(device.index))
+        guards = ["hooked()", f"current_device() != {dev_index}"]
         seen: set[int] = set()
         for launch, rec in zip(plan.launches, recorded, strict=True):
             for slot, ok in zip(_foreign(plan, launch), rec.aligned if rec else (), strict=False):
@@ -268,7 +272,7 @@ def generate(plan: Plan, device: torch.device, mode: str,
                     guards.append(f"{'' if ok else 'not '}{_var(slot)}.data_ptr() & 15")
         emit("    if (" + "\n            or ".join(guards) + "):")
         emit("        return fallback(inputs, boxed)")
-        emit(f"    stream = current_stream({device.index})")
+        emit(f"    stream = current_stream({dev_index})")
     emit("    if boxed:")
     emit("        inputs.clear()")
     for slot in plan.consts:
@@ -462,13 +466,46 @@ class GraphLauncher:
             except Exception:  # an unknown Triton: launches stay on the JIT path
                 self._fns[device], self.modes[device] = jit, "jit"
                 return
-            self._fns[device], self.modes[device] = direct, "direct"
+            self._fns[device] = self._trial(device, direct, jit)
+            self.modes[device] = "direct"
+
+    def _trial(self, device: torch.device, direct: RunFn, jit: RunFn) -> RunFn:
+        """The first direct call keeps its inputs (a boxed list is cleared only after it)
+        and, should a launcher refuse its arguments (a Triton whose launch convention
+        differs), runs again on the JIT path, which the device then keeps."""
+
+        def trial(inputs: Sequence[Any], boxed: bool) -> Any:
+            try:
+                out = direct(inputs, False)
+            except Exception as exc:  # noqa: BLE001 - any refusal: the JIT path is correct
+                log.warning("kiln: direct kernel launches failed (%s: %s); launching through "
+                            "Triton's JIT", type(exc).__name__, exc)
+                with self._lock:
+                    self._fns[device], self.modes[device] = jit, "jit"
+                return jit(inputs, boxed)
+            with self._lock:
+                if self._fns.get(device) is trial:
+                    self._fns[device] = direct
+            if boxed:
+                inputs.clear()  # type: ignore[attr-defined]
+            return out
+
+        return trial
 
 
 def _direct_globals(fallback: RunFn) -> dict[str, Any]:
     from triton import knobs
     from triton.runtime.driver import driver
 
+    def hooked() -> bool:
+        """Whether a launch hook is set (Triton 3.6 and 3.9 keep them in HookChains, empty
+        unless a profiler adds one; a plain callable counts as set)."""
+        runtime = knobs.runtime
+        for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+            if hook is not None and (not hasattr(hook, "calls") or hook.calls):
+                return True
+        return False
+
     active = driver.active
-    return {"RT": knobs.runtime, "current_device": active.get_current_device,
+    return {"hooked": hooked, "current_device": active.get_current_device,
             "current_stream": active.get_current_stream, "fallback": fallback}

@@ -184,12 +184,16 @@ class CompiledKernel:
     """Stands in for triton's CompiledKernel: `run` is the launcher, called as Triton's JIT
     calls it; it runs the interpreted kernel on the same arguments."""
 
+    refuse = False  # a launcher whose convention differs: raises on its arguments
+
     def __init__(self, fn: Any, launches: list) -> None:
         self.fn, self.launches = fn, launches
         self.function, self.packed_metadata = object(), object()
 
     def run(self, gx: int, gy: int, gz: int, stream: Any, function: Any, meta: Any,
             launch_metadata: Any, enter: Any, exit_: Any, *args: Any) -> None:
+        if CompiledKernel.refuse:
+            raise TypeError("function takes exactly 14 arguments")
         assert function is self.function and meta is self.packed_metadata and stream == 42
         assert launch_metadata is enter is exit_ is None
         self.launches.append((gx, gy, gz))
@@ -223,7 +227,8 @@ def _direct_launcher(built: compiler.Built, log: dict, rt: type = RT) -> GraphLa
     return GraphLauncher(
         old.plan, lambda launch, device: StandInJit(launch.kernel_for(cpu), log), built._constants,
         built._check_one, built._check_all, 2, direct=lambda device: True,
-        runtime=lambda fallback: {"RT": rt, "current_device": lambda: None,
+        runtime=lambda fallback: {"hooked": lambda: rt.launch_enter_hook is not None,
+                                  "current_device": lambda: None,
                                   "current_stream": lambda index: 42, "fallback": fallback})
 
 
@@ -242,6 +247,7 @@ def test_direct_mode_launches_compiled_kernels_and_matches() -> None:
         __import__("compiler.runtime.launcher", fromlist=["Recorded"]).Recorded(
             CompiledKernel(None, []), (True,) * n) for n in (2, 1, 0)])
     assert "stream, F0, M0, None, None, None, v0, v1, v8, 16, 32, 32, 8)" in src
+    assert "if (hooked()\n            or current_device() != None\n" in src
 
 
 def test_direct_mode_falls_back_on_a_hook_and_on_a_moved_alignment() -> None:
@@ -291,3 +297,20 @@ def test_scalar_tensors_render() -> None:
     assert "v1.shape != ()" in built.launcher_source()
     _same(built(x, s), built._run([x, s], None))
 
+
+
+def test_a_launcher_that_refuses_its_arguments_sends_the_device_back_to_the_jit() -> None:
+    built, log = _built(), {}
+    launcher = _direct_launcher(built, log)
+    xs = _inputs()
+    want = built._run(list(xs), None)
+    launcher(list(xs), False)
+
+    CompiledKernel.refuse = True
+    try:
+        boxed = list(xs)
+        _same(launcher(boxed, True), want)
+        assert boxed == [] and launcher.modes[torch.device("cpu")] == "jit"
+        _same(launcher(list(xs), False), want)
+    finally:
+        CompiledKernel.refuse = False
