@@ -21,7 +21,7 @@ from compiler.ir import TensorMeta, contiguous_strides
 from compiler.lowering import frontend
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.split_reductions import ENV, SplitPolicy, plan_split, policy_from_env
-from tests.compiler.oputil import assert_matches, check, rand, trace
+from tests.compiler.oputil import assert_matches, check, rand, strided, trace
 
 aten = torch.ops.aten
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,6 +220,15 @@ def test_reductions_against_eager(split, name: str, dims: tuple[int, ...], keepd
     x = rand((13, 6, 11), torch.bfloat16, seed=17)
     check(fns[name], x, tol=(3e-2, 2e-2))
     assert _stages(_split_kernels(fns[name], x)) == [{"stage1"}, {"stage2"}]
+
+
+@pytest.mark.parametrize("force", ["auto", "4"])
+def test_transposed_and_offset_inputs(split, force: str) -> None:
+    split(force)
+    t = rand((19, 2048), seed=25).t()  # reduced dim innermost in memory: row regime
+    built = check(lambda t: (t.sum(0), t.amax(0, keepdim=True)), t, tol=(1e-3, 1e-5))
+    assert len(built.kernels) >= 2
+    check(lambda v: v.mean((0, 2)), strided((33, 5, 7), seed=26), tol=(1e-5, 1e-5))
 
 
 def test_var_std_and_var_mean_over_columns(split) -> None:
