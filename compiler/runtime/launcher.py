@@ -455,7 +455,10 @@ class GraphLauncher:
                 return
             jit = self.compile(device, "jit")
             entries: list[Recorded | None] = []
-            for value in recorded:
+            for launch, value in zip(self.plan.launches, recorded, strict=True):
+                if launch.empty:  # nothing to launch (a zero-size grid)
+                    entries.append(None)
+                    continue
                 if value is None or not is_compiled_kernel(value[0]):
                     self._fns[device], self.modes[device] = jit, "jit"
                     return

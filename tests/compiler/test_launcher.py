@@ -314,3 +314,20 @@ def test_a_launcher_that_refuses_its_arguments_sends_the_device_back_to_the_jit(
         _same(launcher(list(xs), False), want)
     finally:
         CompiledKernel.refuse = False
+
+
+def test_an_empty_launch_does_not_keep_the_device_on_the_jit() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, torch.softmax(y, -1)  # x has no elements: its kernel's grid is empty
+
+    x, y = torch.empty(0, 4), rand((4, 8), seed=9)
+    built = compiler.build(trace(f, x, y), None, [x, y])
+    assert any(launch.empty for launch in built._launcher.plan.launches)
+    log: dict = {}
+    launcher = _direct_launcher(built, log)
+    launcher._device_input = 1
+    want = built._run([x, y], None)
+    launcher([x, y], False)
+    assert launcher.modes[torch.device("cpu")] == "direct"
+    _same(launcher([x, y], False), want)
+    assert len(log["direct"]) == 1
