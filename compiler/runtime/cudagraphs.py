@@ -198,7 +198,9 @@ class GraphRunner:
                 self.run(self.static)  # warm-up: library workspaces, lazy inits
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread_local: a build on another thread (a tuned schedule swapped in) may load
+            # modules or allocate while this thread captures
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 outputs = self.run(self.static)
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: no graphs
             log.info("kiln: CUDA graph capture failed (%s); running without", exc)

@@ -38,7 +38,7 @@ def graph(monkeypatch: pytest.MonkeyPatch) -> _Graph:
     g = _Graph()
 
     @contextlib.contextmanager
-    def capture(captured: _Graph) -> Iterator[None]:
+    def capture(captured: _Graph, capture_error_mode: str = "global") -> Iterator[None]:
         captured.capturing, captured.captures = True, captured.captures + 1
         yield
         captured.capturing = False
