@@ -45,7 +45,7 @@ COPY_BYTES_PER_STEP = 4 << 20
 # Calls that may pass without capturing while inputs still move (a backward waits for its
 # forward's graph), and captures made again after a refused replay (moved inputs, held
 # outputs) before replay is given up.
-MAX_WAIT = 4
+MAX_WAIT = 8
 MAX_RECAPTURES = 4
 
 
