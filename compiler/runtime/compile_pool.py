@@ -9,6 +9,15 @@ another on the building thread is most of a big model's first step, so instead:
 2. the workers compile those in parallel with `triton.compile`, which stores each binary in
    Triton's on-disk cache under the key the JIT computes for that launch;
 3. back on the building thread, `warmup` finds each binary in the cache and loads it.
+Jobs whose binary Triton's cache holds already are not compiled, and a thread may name a
+binary source (`binary_source`; the client's is the kiln service, `kiln/binaries.py`) that
+is asked first for the missing ones by their Triton cache key (`cache_key`, carried in each
+job's specialisation data) and writes those it has into Triton's cache (`install_binary`).
+
+The same compile (`compile_spec`) serves the service's target compile and the tuner's
+compile workers (`tuner/aot.py`), which have no GPU: Triton's JIT, run against a stand-in
+driver for the target (`standin_specialization`), gives them the specialisation a client's
+JIT computes, so their binaries are the ones clients look up.
 
 The workers are spawned (CUDA may be initialised here), import Triton with the interpreter
 off and neither torch nor CUDA, and serve the whole process: one pool, started early
@@ -380,7 +389,7 @@ def check_binary_files(key: str, files: dict[str, bytes]) -> str | None:
         return f"metadata is not JSON ({exc})"
     if not isinstance(meta, dict) or meta.get("hash") != key:
         return "its metadata names another cache key"
-    if meta.get("name") != meta_name[:-5]:
+    if not isinstance(meta.get("name"), str) or meta["name"][:150] != meta_name[:-5]:
         return "its metadata names another kernel"
     return None
 
