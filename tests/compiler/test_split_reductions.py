@@ -261,8 +261,8 @@ def test_full_reductions(split) -> None:
     x = rand((128, 300), seed=20)
     built = check(lambda x: (x.sum(), x.mean()), x, tol=(1e-3, 1e-5))
     # both stage 1s share one kernel; the stage 2s read different partials, which fusion
-    # does not count as related, so each is a kernel
-    assert len(built.kernels) == 3 and len(built.kernels[0].nodes) == 2
+    # does not count as related today, so each may be a kernel of its own
+    assert len(built.kernels[0].nodes) == 2 and len(built.kernels) <= 3
 
 
 def test_off_keeps_one_kernel(split) -> None:
