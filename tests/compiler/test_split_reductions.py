@@ -279,6 +279,25 @@ def test_linear_bias_gradient_beside_its_weight_gradient(split) -> None:
     assert [k.kind for k in built.kernels].count("reduction") == 2
 
 
+def test_training_graphs_through_the_wire_format(split) -> None:
+    """AOTAutograd's graphs of Linear -> LayerNorm -> BatchNorm1d, encoded as kiln.graph/1 and
+    built: at 2048 rows the size rule splits the weight and bias gradients' column sums
+    and the BatchNorm statistics; every output matches the uncompiled graph."""
+    from compiler.lowering.tracing import trace_training
+
+    split("auto")
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.LayerNorm(16),
+                                 torch.nn.BatchNorm1d(16)).train()
+    fwd, bwd, fi, bi = trace_training(module, [rand((2048, 12), seed=27)])
+    for gm, inputs in ((fwd, fi), (bwd, bi)):
+        graph = compiler.from_wire(compiler.to_wire(gm, inputs))
+        built = compiler.build(graph)
+        assert_matches(built(*inputs), gm(*inputs), (1e-3, 1e-3))
+        program, _ = lower_graph(graph)
+        assert any(m.meta.get("kiln_split") == "stage1" for k in program.kernels for m in k.anchors)
+
+
 # ---- real sizes compile for sm_90 -------------------------------------------------------
 
 
