@@ -5,7 +5,7 @@ from stdin's JSON (`{"graph": ..., "schedule": ...}`), builds it, fetches the co
 kernels from the service at URL the way `Resolver._build` does (`kiln.binaries` as the
 thread's binary source of `compile_pool.compile_ahead`), then has Triton's JIT warm every
 launch up. Prints one JSON line: launches, compile jobs, kernels the compile workers
-compiled, kiln's binary counters and warnings, the keys installed, and the Triton cache
+compiled, the seconds all of it took, kiln's binary counters and warnings, the keys installed, and the Triton cache
 files the JIT's warmup wrote (0: every launch loaded a binary it found).
 Run with the interpreter off and a private TRITON_CACHE_DIR and KILN_KERNEL_DIR
 (tests/service/test_binaries.py)."""
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 
 from triton import knobs
@@ -38,6 +39,7 @@ def main() -> None:
     driver.set_active(compile_pool.StandInDriver(90))
     infos = built.launches()
     jobs = built._compile_jobs(infos)
+    start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with compile_pool.binary_source(ServiceBinaries(ServiceClient(url))) as placed:
@@ -45,6 +47,7 @@ def main() -> None:
     before = _cache_files()
     for info in infos:
         info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs, **info.options)
+    seconds = time.perf_counter() - start
     stats = degrade.stats()
     print(json.dumps({"launches": len(infos), "jobs": len(jobs), "compiled": compiled,
                       "keys": [compile_pool.job_key(j) for j in jobs], "placed": placed,
@@ -53,7 +56,8 @@ def main() -> None:
                       "missed": stats.get("binaries_missed", 0),
                       "warned": sorted(degrade.warned()),
                       "warnings": [str(w.message) for w in caught if "kiln" in str(w.message)],
-                      "warmup_cache_files": _cache_files() - before}))
+                      "warmup_cache_files": _cache_files() - before,
+                      "seconds": round(seconds, 3)}))
 
 
 if __name__ == "__main__":
