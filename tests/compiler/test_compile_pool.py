@@ -75,3 +75,30 @@ def test_worker_count_comes_from_the_environment(monkeypatch) -> None:
         compile_pool.workers()
     monkeypatch.delenv("KILN_COMPILE_WORKERS")
     assert 1 <= compile_pool.workers() <= compile_pool.MAX_WORKERS
+
+
+def test_specialization_names_the_target_where_triton_leaves_it_out() -> None:
+    """Triton 3.6's specialization data has no target (3.9's has): the capture adds the
+    current driver's, which the compile workers and the cache key need."""
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    spec = {"name": "m.f", "signature": {"x": "*fp32"}, "constant_keys": [], "constant_vals": [],
+            "attrs_keys": [[0]], "attrs_vals": [[["tt.divisibility", 16]]], "options": {},
+            "key": "k"}
+
+    class Fn:  # what a JIT function's warmup does with the hook installed
+        def warmup(self, *_args: object, grid: tuple, **_kw: object) -> None:
+            knobs.runtime.jit_cache_hook(key="k", repr="f", fn=None, is_manual_warmup=True,
+                                         already_compiled=False,
+                                         compile={"specialization_data": json.dumps(spec)})
+
+    saved = driver._active
+    driver.set_active(compile_pool.StandInDriver(90))
+    try:
+        data = json.loads(compile_pool.specialization(Fn(), (), (1,), {}))
+    finally:
+        driver._active = saved
+    assert data["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}
+    assert data["cache_key"] is None  # no JIT function to hash: no binary is looked up
+    assert {k: data[k] for k in spec} == spec
