@@ -178,6 +178,7 @@ class Call:
         self.target = node.target
         self.args = Args((node.args, node.kwargs), slots)
         self.tree = slot_tree((node.args, dict(node.kwargs)), slots)  # for generated launchers
+        self.meta = node.meta.get("kiln_meta")  # the result's dtype and layout, when a tensor
         self.slot = slots[node]
 
     def run(self, env: list[Any], device: torch.device, record: list | None) -> None:

@@ -55,6 +55,33 @@ CPU = torch.device("cpu")
 
 RunFn = Callable[[Sequence[Any], bool], Any]
 
+# Single-result ATen views whose result is fully described by its size, strides and
+# storage offset (what `_reinterpret_tensor` makes).
+ALIAS_VIEWS = frozenset({
+    "view.default", "_unsafe_view.default", "permute.default", "t.default", "transpose.int",
+    "expand.default", "unsqueeze.default", "squeeze.default", "squeeze.dim", "squeeze.dims",
+    "slice.Tensor", "select.int", "alias.default", "view_as.default", "expand_as.default",
+    "numpy_T.default",
+})
+
+
+def _op_key(target: Any) -> str:
+    if not isinstance(target, torch._ops.OpOverload):
+        return ""
+    name = str(target)
+    return name[len("aten."):] if name.startswith("aten.") else ""
+
+
+def _reinterpret() -> Callable[..., torch.Tensor]:
+    """`reinterpret(t, size, stride, offset_increment)`: an alias of `t` with that layout,
+    made in C++ without the dispatcher (Inductor's `reinterpret_tensor`)."""
+    try:
+        from torch._C._dynamo.guards import _reinterpret_tensor
+    except ImportError:
+        def _reinterpret_tensor(t: torch.Tensor, size: Any, stride: Any, inc: int) -> torch.Tensor:
+            return t.as_strided(size, stride, t.storage_offset() + inc)
+    return _reinterpret_tensor
+
 
 class _Namespace:
     """Globals of a generated function: every object the source refers to by name."""
@@ -148,6 +175,34 @@ class Plan:
         # Slots our launches allocate (aligned by the caching allocator; never foreign).
         self.allocated = {o[0] for launch in self.launches for o in launch.outs}
         self.reuse = self._plan_reuse()
+        self.views = self._plan_views()
+
+    def _plan_views(self) -> dict[int, tuple[int, tuple[int, ...], tuple[int, ...], int]]:
+        """View slot -> (base slot, size, strides, storage offset from the base's): views
+        made without an ATen call (a C++ alias with the recorded layout), for views of
+        buffers whose layout is known for certain: inputs (checked each call), buffers our
+        launches allocate, and such views of them. A view of an ATen call's result stays an
+        ATen call (its layout is the library's)."""
+        known: dict[int, Any] = {slot: m for slot, m in self.inputs if m is not None}
+        for launch in self.launches:
+            for slot, shape, stride, dtype in launch.outs:
+                known[slot] = (tuple(shape), tuple(stride), 0, dtype)
+        known = {s: (tuple(m.shape), tuple(m.stride), m.offset, m.dtype)
+                 if not isinstance(m, tuple) else m for s, m in known.items()}
+        views = {}
+        for step in self.execs:
+            if not isinstance(step, Call) or _op_key(step.target) not in ALIAS_VIEWS:
+                continue
+            base = step.tree[0][0] if step.tree[0] else None
+            m = step.meta
+            if type(base) is not Slot or base.index not in known or not hasattr(m, "stride"):
+                continue
+            _, _, offset, dtype = known[base.index]
+            if m.dtype != dtype:
+                continue
+            known[step.slot] = (tuple(m.shape), tuple(m.stride), m.offset, m.dtype)
+            views[step.slot] = (base.index, tuple(m.shape), tuple(m.stride), m.offset - offset)
+        return views
 
     def _plan_reuse(self) -> dict[int, int]:
         """Allocation slot -> the dead slot whose buffer it takes over: a buffer of the
@@ -235,7 +290,8 @@ def generate(plan: Plan, device: torch.device, mode: str,
     if mode not in MODES:
         raise ValueError(f"unknown launcher mode {mode!r}")
     ns = _Namespace()
-    ns.values.update(empty_strided=torch.empty_strided, poison=_poison, dev=device)
+    ns.values.update(empty_strided=torch.empty_strided, poison=_poison, dev=device,
+                     reinterpret=_reinterpret())
     lines = ["def run(inputs, boxed):"]
     emit = lines.append
     n = len(plan.inputs)
@@ -286,6 +342,10 @@ def generate(plan: Plan, device: torch.device, mode: str,
             if step.epilogue is not None:
                 _launch_lines(step.epilogue, index[id(step.epilogue)], plan, ns, mode,
                               kernel_for, recorded, emit)
+        elif step.slot in plan.views:
+            base, size, stride, delta = plan.views[step.slot]
+            emit(f"    {_var(step.slot)} = reinterpret({_var(base)}, {_ints(size)}, {_ints(stride)}, "
+                 f"{operator.index(delta)})  # {_comment(step.target)}")
         else:
             emit(f"    {_call_source(step, ns)}")
         dead = [_var(s) for s in plan.frees[i] if s not in kept]

@@ -331,3 +331,21 @@ def test_an_empty_launch_does_not_keep_the_device_on_the_jit() -> None:
     assert launcher.modes[torch.device("cpu")] == "direct"
     _same(launcher([x, y], False), want)
     assert len(log["direct"]) == 1
+
+
+def test_views_of_known_layouts_are_made_without_aten_calls() -> None:
+    def f(x: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2                                            # a kernel's buffer...
+        a = F.scaled_dot_product_attention(q, q, q)          # ...and an ATen call's result
+        return y[:, 2:5].t(), y.view(-1)[3:10], a.transpose(1, 2), x.t()
+
+    x, q = rand((8, 6), seed=1), rand((1, 2, 4, 8), seed=2)
+    built = compiler.build(trace(f, x, q), None, [x, q])
+    src = built.launcher_source()
+    assert src.count("reinterpret(") == 5, src  # slice, permute, view, slice; x.t()
+    attention_view = next(line for line in src.splitlines() if "v9 = " in line)
+    assert "op" in attention_view and "reinterpret" not in attention_view  # stays an ATen call
+    got, want = built(x, q), built._run([x, q], None)
+    _same(got, want)
+    for g, w in zip(got, want, strict=True):
+        assert g.storage_offset() == w.storage_offset()
