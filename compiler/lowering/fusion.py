@@ -248,7 +248,10 @@ class _Planner:
         for group in reversed(groups):
             if not all(d in group.members or position[d] < group.position for d in deps):
                 continue
-            related = bool(deps & set(group.members)) or bool(deps & self.group_reads(group))
+            reads = self.group_reads(group)
+            related = bool(deps & set(group.members)) or bool(deps & reads) or (
+                kind == "reduction" and group.kind == "reduction"
+                and bool(_producers(deps, position) & _producers(reads, position)))
             if not related:
                 continue
             trial = self.trial(group, node, kind, shape, deps)
@@ -348,3 +351,8 @@ class _Planner:
                     found.add(arg)
                     todo.append(arg)
         return [n for n in self.nodes if n in found]
+
+
+def _producers(nodes: frozenset[fx.Node], position: dict[fx.Node, int]) -> set[int]:
+    """Steps that computed `nodes` (graph inputs and constants left out)."""
+    return {position[n] for n in nodes if position.get(n, -1) >= 0}

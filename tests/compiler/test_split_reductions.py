@@ -260,9 +260,9 @@ def test_full_reductions(split) -> None:
     split("auto")
     x = rand((128, 300), seed=20)
     built = check(lambda x: (x.sum(), x.mean()), x, tol=(1e-3, 1e-5))
-    # both stage 1s share one kernel; the stage 2s read different partials, which fusion
-    # does not count as related today, so each may be a kernel of its own
-    assert len(built.kernels[0].nodes) == 2 and len(built.kernels) <= 3
+    # both stage 1s share one kernel, and so do both stage 2s: their partials come from
+    # the same kernel, which fusion counts as related
+    assert len(built.kernels[0].nodes) == 2 and len(built.kernels) == 2
 
 
 def test_off_keeps_one_kernel(split) -> None:
