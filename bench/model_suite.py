@@ -14,7 +14,8 @@ kiln), so its first step is a cold first step. Paths:
 - `kiln_tuned`: `backend="kiln"` against `kiln serve` on this machine after every graph was
   submitted and tuned (bench/flow.py's service and compile phase), from a fresh process with
   empty local caches: a service hit. Its first step is `kiln_hit_first_s`, the kernels it
-  compiled (new binaries in its Triton cache) `kiln_hit_kernels_compiled`.
+  compiled (new binaries in its Triton cache, less those fetched from the service)
+  `kiln_hit_kernels_compiled`.
 
 Per path: wall ms per step, host ms, GPU ms, first step s, kernels compiled by the first
 step, and the error of the output (inference) or loss and gradients (training) against
@@ -50,6 +51,12 @@ def _binaries(cache: Path) -> int:
     return sum(1 for p in cache.rglob("*") if p.suffix in (".cubin", ".hsaco")) if cache.exists() else 0
 
 
+def _fetched_binaries() -> int:
+    import kiln
+
+    return int(kiln.stats().get("binaries_fetched", 0))
+
+
 def run_path(model: str, step: str, path: str, device_name: str, small: bool,
              iters: int) -> dict[str, Any]:
     """In a fresh process: one path of one case, measured (see the module doc)."""
@@ -74,8 +81,11 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
     before = _binaries(cache)
     got, seconds = first_step(compiled_step, sync)
+    # Binaries fetched from the service land in the cache too; they were not compiled here.
+    fetched = _fetched_binaries() if path.startswith("kiln") else 0
     record: dict[str, Any] = {"path": path, "first_s": seconds,
-                              "kernels_compiled": _binaries(cache) - before,
+                              "kernels_compiled": _binaries(cache) - before - fetched,
+                              "binaries_fetched": fetched,
                               **reference.errors(got, module)}
     compiled_step()  # settle: CUDA graph capture, swapped-in schedules
     record["wall_ms"] = wall_ms(compiled_step, sync, iters)
