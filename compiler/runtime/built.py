@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from compiler.codegen import NotFusible, Unsupported, generate_kernel
+from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
 from compiler.lowering.frontend import lower_graph
 from compiler.runtime import compile_pool, cudagraphs
@@ -32,7 +32,7 @@ from compiler.runtime.execution import (
 )
 from compiler.runtime.kernel_files import import_kernel, source_hash
 from compiler.runtime.launcher import GraphLauncher, Plan
-from compiler.scheduling.heuristics import _is_gpu, extern_ops, pointwise_config, schedule_for
+from compiler.scheduling.heuristics import _is_gpu, extern_ops, schedule_for
 from compiler.scheduling.schedule import Schedule, ScheduleMismatch, validate_config
 
 _MODULES: dict[str, ModuleType] = {}
@@ -77,20 +77,6 @@ class BuiltKernel:
     triton: bool = True  # launches generated Triton code (False: an ATen call and nothing else)
 
 
-def _grid(group: KernelGroup, variant: str, config: dict[str, int]) -> tuple[int, ...]:
-    def cdiv(a: int, b: int) -> int:
-        return -(-a // b)
-
-    sizes = group.sizes
-    if group.kind == "matmul" and variant == "triton":
-        return (cdiv(sizes["M"], config["BLOCK_M"]) * cdiv(sizes["N"], config["BLOCK_N"]),
-                sizes["batch"])
-    if group.kind == "matmul":
-        numel = sizes["M"] * sizes["N"] * sizes["batch"]
-        return (cdiv(numel, config["XBLOCK"]),)
-    return (cdiv(sizes["xnumel"], config["XBLOCK"]),)
-
-
 class Built:
     """A graph built from a schedule: call it like the graph's `to_fx()` module."""
 
@@ -101,7 +87,8 @@ class Built:
         self.kernels = kernels
         self.fallback_ops = sorted(extern_ops(program)
                                    | {op_name(k.anchors[0]) for k, c in
-                                      zip(program.kernels, schedule.kernels, strict=False) if c.variant == "aten"})
+                                      zip(program.kernels, schedule.kernels, strict=False)
+                                      if kinds.kind_of(c.kind, c.variant).library})
         self._execs = execs
         self._graphs: cudagraphs.GraphRunner | None = None
         self._nslots = len(slots)
@@ -259,8 +246,6 @@ class Built:
     def _compile_jobs(self, infos: list[LaunchInfo]) -> list[compile_pool.CompileJob]:
         """One compile job per distinct launch (identical kernels share one) that Triton
         has not loaded yet."""
-        if compile_pool.shared() is None or len(infos) < 2:
-            return []
         kernels = {k.name: k for k in self.kernels}
         seen, jobs = set(), []
         for info in infos:
@@ -356,6 +341,7 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
         if choice.kind != group.kind or tuple(choice.nodes) != nodes:
             raise ScheduleMismatch(f"{choice.name}: fusion group differs from this graph's")
         validate_config(choice.kind, choice.variant, choice.config, group.sizes, choice.name)
+        kind = kinds.kind_of(choice.kind, choice.variant)
         try:
             gen = generate_kernel(group, choice.variant, program.is_buffer,
                                   _comment(program, group, choice.variant))
@@ -369,16 +355,13 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
         launch = None
         if gen.outputs:
             fn = getattr(load_kernel_module(gen.source, digest), gen.name)
-            config = dict(choice.config)
-            if choice.kind == "matmul" and choice.variant == "aten":
-                numel = group.sizes["M"] * group.sizes["N"] * group.sizes["batch"]
-                config = pointwise_config(numel, gpu)
+            config = kind.launch_config(group, dict(choice.config), gpu)
             constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
             options = {k: config[k] for k in ("num_warps", "num_stages")}
             outs = [(slots[n], meta(n).shape, meta(n).stride, meta(n).dtype) for n in gen.outputs]
             launch = Launch(choice.name, fn, [slots[n] for n in gen.inputs], outs,
-                             _grid(group, choice.variant, config), constexprs, options)
-        if choice.kind == "matmul" and choice.variant == "aten":
+                             kind.grid(group, choice.variant, config), constexprs, options)
+        if kind.library:
             by_group[id(group)] = AtenMatmul(choice.name, Call(group.anchors[0], slots), launch)
         else:
             by_group[id(group)] = launch
@@ -388,7 +371,7 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
             ops=tuple(program.original_ops[n] for n in nodes), triton=launch is not None))
         choices.append(replace(choice, source_hash=digest))
     aten_mms = [g.anchors[0] for g, c in zip(groups, choices, strict=True)
-                if g.kind == "matmul" and c.variant == "aten"]
+                if kinds.kind_of(c.kind, c.variant).library]
     needed = _needed_views(program, aten_mms)
     for step in program.steps:
         if isinstance(step, KernelGroup):

@@ -7,14 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from compiler.codegen import kinds
-from compiler.codegen.kinds.pointwise import config_for as pointwise_config
 from compiler.ir import ExternStep, Program, op_name
 from compiler.lowering.frontend import lower_graph
 from compiler.scheduling.schedule import KernelChoice, Schedule
 
-# `pointwise_config` is the pointwise kind's heuristic, which compiler/runtime/built.py
-# imports from here for an ATen call's epilogue (until it asks the kind's launch_config).
-__all__ = ["extern_ops", "heuristic_schedule", "pointwise_config", "schedule_for"]
+__all__ = ["extern_ops", "heuristic_schedule", "schedule_for"]
 
 
 def _target_json(target: Any) -> dict[str, Any]:
