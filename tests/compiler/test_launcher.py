@@ -349,3 +349,16 @@ def test_views_of_known_layouts_are_made_without_aten_calls() -> None:
     _same(got, want)
     for g, w in zip(got, want, strict=True):
         assert g.storage_offset() == w.storage_offset()
+
+
+def test_the_host_path_bench_runs_with_stub_kernels() -> None:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tests.compiler.host_path_bench", "--scale", "tiny",
+                           "--stub", "--device", "cpu", "-n", "2"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["graph"] for r in rows] == ["gpt_block_train.fwd", "gpt_block_train.bwd"]
+    assert all(r["steps_host_us"] > 0 and r["direct_host_us"] > 0 for r in rows)
