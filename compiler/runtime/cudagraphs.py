@@ -24,8 +24,12 @@ where the inputs live:
   given up for good, as it is on any capture failure.
 
 Forward and backward have one pool each (not one shared pool as Inductor's cudagraph trees
-have): sharing would let the backward's outputs and the forward's temporaries take the
-same memory, which needs liveness tracking across the two graphs.
+have). In a shared pool a graph captured later may place its outputs in the memory of an
+earlier graph's temporaries (the backward's gradients where the forward keeps its
+intermediates), so before a replay a graph would also have to check the outputs of every
+graph captured after it in the pool, and keep checking the held outputs of a graph that
+was captured again (its old outputs are no longer its runner's). That is not built; the
+cost of separate pools is memory (each pool keeps its own temporaries), not time.
 """
 
 from __future__ import annotations
