@@ -34,6 +34,7 @@ _lock = threading.Lock()
 _resolvers: dict[kiln_config.Config, Resolver] = {}
 _threads: dict[str, Any] = {}  # "poller" and "compiler": each started on first use
 _compiled: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+_preparing: threading.Thread | None = None  # compile_pool.prepare_loading, once per process
 MAX_MODEL_NAME = 120  # the tag adds the graph's role; the service takes 200 characters
 
 
@@ -87,7 +88,8 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 def _start_compile_workers() -> None:
     """Start Triton's compile workers (compiler/runtime/compile_pool.py) while AOTAutograd traces,
-    so that they are ready when the first graph's kernels compile."""
+    so that they are ready when the first graph's kernels compile; and, once per process,
+    a thread that pays what loading the first kernel here costs once (`prepare_loading`)."""
     if not torch.cuda.is_available():
         return
     try:
@@ -97,6 +99,23 @@ def _start_compile_workers() -> None:
     except Exception as exc:  # kernels then compile on the building thread
         log.warning("kiln: compile workers did not start (%s: %s); kernels compile one at a "
                     "time", type(exc).__name__, exc)
+        return
+    global _preparing
+    with _lock:
+        if _preparing is not None:
+            return
+        _preparing = threading.Thread(target=_prepare_loading, args=(compile_pool,),
+                                      name="kiln-prepare", daemon=True)
+    _preparing.start()
+
+
+def _prepare_loading(compile_pool: Any) -> None:
+    start = time.perf_counter()
+    try:
+        compile_pool.prepare_loading()
+    except Exception as exc:  # noqa: BLE001 - the first precompile pays for it instead
+        log.debug("kiln: preparing Triton's loader failed: %s: %s", type(exc).__name__, exc)
+    degrade.add_seconds("prepare", time.perf_counter() - start)
 
 
 def _model_name() -> str | None:
@@ -161,6 +180,8 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     eager (warned once). On the training thread, or the background one."""
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from compiler.wire.graph import to_wire_and_graph
+
     if entry.device.type == "cpu" and not compiler.runs_on_cpu():
         degrade.warn_once("cpu_eager")
         degrade.count("eager")
@@ -169,8 +190,8 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     try:
         # Under dynamo the inputs are fake tensors; only their metadata is used here.
         with _disable_current_modes():
-            wire = compiler.to_wire(entry.gm, example_inputs)
-            graph = compiler.from_wire(wire)
+            # to_wire + from_wire with the graph run on meta once: the key is from_wire's.
+            wire, graph = to_wire_and_graph(entry.gm, example_inputs)
             target = compiler.Target.detect(str(entry.device))
             entry.describe(compiler.tuning_key(graph, target), graph, wire, target)
     except Exception as exc:  # a graph kiln cannot express runs eagerly

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compiler.runtime.kernel_files import import_kernel
@@ -68,6 +68,7 @@ class CompileJob:
     source_hash: str
     fn_name: str
     spec: str  # Triton's specialization data (JSON text)
+    launcher: bool = True  # also build its launcher (`build_launcher`) where Triton has one each
 
 
 def workers() -> int:
@@ -94,19 +95,70 @@ def _init_worker() -> None:
 
 
 def _warm() -> int:
-    import triton.compiler  # noqa: F401 - pay the import before the first job
+    """Pay, before the first job, what a worker's first compile costs once: Triton's import
+    and its own cache key (a hash of its sources and its ~500 MB library, which every
+    compile's cache key includes)."""
+    import triton.compiler  # noqa: F401
+    from triton.runtime.cache import triton_key
 
+    triton_key()
     return os.getpid()
 
 
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]
+
+
 def compile_job(job: CompileJob) -> str | None:
-    """Compile one job into Triton's cache: None, or why it did not compile (one line)."""
+    """Compile one job into Triton's cache, and on a Triton that builds a C launcher per
+    kernel signature, its launcher too (`build_launcher`; for a job whose binary is cached
+    already, only that): None, or why it did not (one line)."""
     try:
-        _compile(job)
+        kernel = _compile(job)
     except Exception as exc:  # Triton's errors span many types; the caller compiles again
-        text = str(exc).strip()
-        return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]
+        return _one_line(exc)
+    if job.launcher:
+        try:
+            build_launcher(kernel)
+        except Exception as exc:  # noqa: BLE001 - the building thread builds it then
+            return f"launcher: {_one_line(exc)}"
     return None
+
+
+def per_kernel_launchers() -> bool:
+    """Whether this Triton builds a C launcher per kernel signature (its NVIDIA driver's
+    `make_launcher`, compiled with the system's C compiler into Triton's cache) when it
+    loads a CUDA kernel: Triton 3.6 does, on the loading thread, one compiler run per
+    signature its cache lacks; Triton 3.9 launches every kernel through one launcher."""
+    try:
+        from triton.backends.nvidia import driver as nvidia
+    except ImportError:
+        return False
+    return callable(getattr(nvidia, "make_launcher", None))
+
+
+def build_launcher(kernel: Any) -> None:
+    """Build the C launcher of a compiled kernel (a `triton.compile` result) into Triton's
+    cache where this Triton builds one per signature (`per_kernel_launchers`), with the
+    call its loading thread makes (`CompiledKernel._init_handles`:
+    `launcher_cls(src, metadata)`), so that the load finds it there; nothing otherwise."""
+    target = getattr(getattr(kernel, "metadata", None), "target", None)
+    if getattr(target, "backend", None) != "cuda" or not per_kernel_launchers():
+        return
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    CudaLauncher(kernel.src, kernel.metadata)
+
+
+def launcher_signature(job: CompileJob) -> str | None:
+    """What a job's launcher source depends on (Triton 3.6's `make_launcher`: the kernel's
+    signature), as text; None when its specialisation data does not say."""
+    try:
+        signature = json.loads(job.spec).get("signature")
+    except (ValueError, AttributeError):
+        return None
+    return json.dumps(signature, sort_keys=True) if isinstance(signature, dict) else None
 
 
 def _compile(job: CompileJob) -> Any:
@@ -262,6 +314,19 @@ def start() -> None:
     pool = None if runs_on_cpu() else shared()
     if pool is not None:
         pool.start()
+
+
+def prepare_loading() -> None:
+    """Pay, ahead of the first precompile, what loading this process's first kernel costs
+    once: Triton's cache key of itself (`triton_key`, a hash of its ~500 MB library) and
+    its CUDA driver's utility module (which Triton builds with the C compiler when its
+    cache lacks it). The client runs this on a thread of its own while the first graph is
+    traced; raises what Triton raises without a CUDA device."""
+    from triton.runtime.cache import triton_key
+    from triton.runtime.driver import driver
+
+    triton_key()
+    driver.active.get_current_target()
 
 
 def _forget_after_fork() -> None:
@@ -489,21 +554,42 @@ def _not_cached(jobs: list[CompileJob]) -> list[CompileJob]:
     return [job for job, key in todo if key not in got]
 
 
+def _with_launchers(jobs: list[CompileJob], todo: list[CompileJob]) -> list[tuple[CompileJob, bool]]:
+    """What to send to the workers where Triton builds a launcher per signature: each job
+    to compile, and for each signature none of those has, one job whose binary is cached
+    (its compile finds it there), so that every launcher is built in parallel too; one job
+    per signature builds its launcher. Pairs (job, whether it compiles a binary)."""
+    compiling = set(todo)
+    send: list[tuple[CompileJob, bool]] = []
+    seen: set[str] = set()
+    for job in sorted(jobs, key=lambda j: j not in compiling):  # compiling jobs first
+        sig = launcher_signature(job)
+        first = sig is None or sig not in seen
+        if sig is not None:
+            seen.add(sig)
+        if job in compiling or first:
+            send.append((replace(job, launcher=first), job in compiling))
+    return send
+
+
 def compile_ahead(jobs: list[CompileJob]) -> int:
     """Compile `jobs` in the shared pool, so that loading them afterwards hits Triton's
     cache; how many compiled there. Jobs whose binaries Triton's cache holds, or this
-    thread's binary source provides (`binary_source`), are not compiled. Raises
+    thread's binary source provides (`binary_source`), are not compiled. Where Triton
+    builds a C launcher per kernel signature (`per_kernel_launchers`), the workers build
+    those too, for cached binaries as well, so that loading compiles nothing. Raises
     CompileCrash naming a kernel that kills the compiler; other failures are left for the
     building thread to compile (and report)."""
-    jobs = _not_cached(jobs)
+    todo = _not_cached(jobs)
+    send = _with_launchers(jobs, todo) if per_kernel_launchers() else [(j, True) for j in todo]
     pool = shared()
-    if pool is None or len(jobs) < 2:  # one kernel compiles as fast here
+    if pool is None or len(send) < 2:  # one kernel compiles as fast here
         return 0
-    results = pool.compile_all(jobs)
-    for job, result in zip(jobs, results, strict=True):
+    results = pool.compile_all([job for job, _ in send])
+    for (job, _), result in zip(send, results, strict=True):
         if result == CRASHED:
             raise CompileCrash(f"kernel {job.kernel} killed the Triton compiler (in a compile "
                                f"worker, twice); the graph cannot be built")
         if result is not None:
             log.debug("compile worker: kernel %s: %s", job.kernel, result)
-    return sum(r is None for r in results)
+    return sum(r is None and compiles for (_, compiles), r in zip(send, results, strict=True))

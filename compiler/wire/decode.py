@@ -289,7 +289,7 @@ def array_budget(limits: WireLimits) -> int:
     return 64 * limits.max_nodes + 1024
 
 
-def _count_containers(doc: dict, limits: WireLimits) -> None:
+def check_containers(doc: dict, limits: WireLimits) -> None:
     """The object and array budgets that decoding text applies, for a document given as a
     dict (a loop, so that no nesting depth can break it)."""
     objects, arrays = 0, 0
@@ -336,7 +336,7 @@ def parse_document(doc: object, limits: WireLimits, require_meta: bool = True,
     _expect(count <= limits.max_nodes, f"graph has {count} inputs, constants and nodes > limit {limits.max_nodes}")
     _expect(len(doc["outputs"]) <= limits.max_nodes, f"graph has {len(doc['outputs'])} outputs > limit {limits.max_nodes}")
     if count_containers:
-        _count_containers(doc, limits)
+        check_containers(doc, limits)
     _check_cost(doc["nodes"], limits)
     order = _collect_names(doc, limits)
     inputs = tuple(_parse_input(obj, i, limits) for i, obj in enumerate(doc["inputs"]))

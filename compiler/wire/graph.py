@@ -30,6 +30,7 @@ from compiler.wire.decode import (
     NodeSpec,
     TensorMeta,
     array_budget,
+    check_containers,
     object_budget,
     parse_document,
 )
@@ -39,7 +40,7 @@ from compiler.wire.limits import WireLimits, limits
 from compiler.wire.schema import FORMAT, Ref, ValidationCancelled, WireError, encode_float
 
 __all__ = ["FORMAT", "Graph", "ValidationCancelled", "WireError", "from_wire", "parse_json",
-           "to_graph", "to_wire"]
+           "to_graph", "to_wire", "to_wire_and_graph"]
 
 
 class Graph:
@@ -317,6 +318,23 @@ def to_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Graph:
     """`from_wire(to_wire(gm, example_inputs))` without checking the graph twice."""
     wire_limits = limits()
     return _build(encode_graph(gm, example_inputs, wire_limits), wire_limits, require_meta=False)
+
+
+def to_wire_and_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]
+                      ) -> tuple[dict[str, Any], Graph]:
+    """`(w, from_wire(w))` for `w = to_wire(gm, example_inputs)`, running the graph on meta
+    tensors once instead of twice: `to_graph` already infers each node's meta, which is the
+    meta `w` declares, so `from_wire`'s second run could only find it equal. The document
+    still passes every check `from_wire` applies to a dict (the object and array budgets
+    too), and the graph is the one `from_wire` returns: same canonical JSON, hash and
+    tuning key (tests/compiler/test_wire_fast_path.py checks it on the corpus). For a
+    process that converts its own graphs (the client); a graph from elsewhere goes through
+    `from_wire`. Raises `WireError` as `to_wire` and `from_wire` do."""
+    wire_limits = limits()
+    graph = to_graph(gm, example_inputs)
+    wire = graph.to_json()
+    check_containers(wire, wire_limits)
+    return wire, graph
 
 
 def to_wire(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""Compile workers build Triton's per-signature C launchers too (issue 14, cold compile
+time): on a Triton that builds one per kernel signature when it loads a kernel (3.6), the
+workers build them in parallel, for binaries the cache already holds as well, one job per
+signature; on one that does not (3.9), nothing changes. The real build on Triton 3.6 is
+checked by hand (the note of issue-14-cold); here the plan and the worker's calls."""
+
+from __future__ import annotations
+
+import json
+
+from compiler.runtime import compile_pool
+from compiler.runtime.compile_pool import CompileJob
+
+
+def _job(kernel: str, signature: dict | None, key: str | None = None) -> CompileJob:
+    spec = {"cache_key": key}
+    if signature is not None:
+        spec["signature"] = signature
+    return CompileJob(kernel, source="", source_hash="0" * 64, fn_name="f", spec=json.dumps(spec))
+
+
+PTRS = {"in_ptr0": "*bf16", "out_ptr0": "*bf16", "xnumel": "i32", "XBLOCK": "constexpr"}
+OTHER = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"}
+
+
+def test_one_launcher_per_signature_and_cached_binaries_only_build_theirs() -> None:
+    a, b, c, d = _job("a", PTRS), _job("b", PTRS), _job("c", OTHER), _job("d", None)
+    plan = compile_pool._with_launchers([a, b, c, d], todo=[b, d])
+    # Both compiling jobs go, b building the launcher a shares; c's binary is cached, but
+    # its signature's launcher is built by sending it (its compile then finds the binary).
+    assert [(j.kernel, j.launcher, compiles) for j, compiles in plan] == [
+        ("b", True, True), ("d", True, True), ("c", True, False)]
+    assert compile_pool._with_launchers([a, b], todo=[a, b]) == [
+        (a, True), (CompileJob("b", "", "0" * 64, "f", b.spec, launcher=False), True)]
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.sent: list[CompileJob] = []
+
+    def compile_all(self, jobs: list[CompileJob]) -> list[str | None]:
+        self.sent.extend(jobs)
+        return [None] * len(jobs)
+
+
+def _cached_except(monkeypatch, missing: set[str]) -> None:
+    monkeypatch.setattr(compile_pool, "is_cached", lambda key, fn: key not in missing)
+
+
+def test_compile_ahead_sends_cached_binaries_for_their_launchers_and_counts_compiles(
+        monkeypatch) -> None:
+    pool = _Pool()
+    monkeypatch.setattr(compile_pool, "shared", lambda: pool)
+    monkeypatch.setattr(compile_pool, "per_kernel_launchers", lambda: True)
+    _cached_except(monkeypatch, {"k_a"})
+    jobs = [_job("a", PTRS, "k_a"), _job("b", OTHER, "k_b"), _job("c", OTHER, "k_c")]
+    assert compile_pool.compile_ahead(jobs) == 1  # a compiled; b only built a launcher
+    assert [(j.kernel, j.launcher) for j in pool.sent] == [("a", True), ("b", True)]
+
+
+def test_without_per_kernel_launchers_cached_binaries_stay_out_of_the_pool(monkeypatch) -> None:
+    pool = _Pool()
+    monkeypatch.setattr(compile_pool, "shared", lambda: pool)
+    monkeypatch.setattr(compile_pool, "per_kernel_launchers", lambda: False)
+    _cached_except(monkeypatch, {"k_a", "k_b"})
+    jobs = [_job("a", PTRS, "k_a"), _job("b", PTRS, "k_b"), _job("c", OTHER, "k_c")]
+    assert compile_pool.compile_ahead(jobs) == 2
+    assert [j.kernel for j in pool.sent] == ["a", "b"]
+
+
+def test_the_worker_builds_the_launcher_only_when_its_job_says(monkeypatch) -> None:
+    built = []
+    monkeypatch.setattr(compile_pool, "_compile", lambda job: f"kernel {job.kernel}")
+    monkeypatch.setattr(compile_pool, "build_launcher", built.append)
+    assert compile_pool.compile_job(_job("a", PTRS)) is None
+    assert compile_pool.compile_job(CompileJob("b", "", "0" * 64, "f", "{}", launcher=False)) is None
+    assert built == ["kernel a"]
+
+    def failing(kernel: object) -> None:
+        raise OSError("no C compiler")
+
+    monkeypatch.setattr(compile_pool, "build_launcher", failing)
+    assert compile_pool.compile_job(_job("c", PTRS)) == "launcher: OSError: no C compiler"
+
+
+def test_a_kernel_for_another_backend_or_this_triton_builds_no_launcher(monkeypatch) -> None:
+    class Meta:
+        def __init__(self, backend: str) -> None:
+            self.target = type("T", (), {"backend": backend})()
+
+    class Kernel:
+        def __init__(self, backend: str) -> None:
+            self.metadata, self.src = Meta(backend), None
+
+    compile_pool.build_launcher(Kernel("hip"))  # returns before any launcher class
+    if not compile_pool.per_kernel_launchers():  # Triton 3.9: one launcher for every kernel
+        compile_pool.build_launcher(Kernel("cuda"))
+
+
+def test_warm_workers_have_tritons_own_cache_key() -> None:
+    from triton.runtime.cache import triton_key
+
+    triton_key.cache_clear()
+    compile_pool._warm()
+    assert triton_key.cache_info().currsize == 1
