@@ -86,7 +86,7 @@ def test_training_with_cuda_graphs_matches_eager(keep: bool, set_to_none: bool,
         compiled = Block(128).cuda()
         compiled.load_state_dict(eager.state_dict())
         want_losses, want_grads = _train(eager, 8, keep, set_to_none)
-        got_losses, got_grads = _train(torch.compile(compiled, backend="kiln"), 8, keep,
+        got_losses, got_grads = _train(torch.compile(compiled, backend=kiln.remote_compile), 8, keep,
                                        set_to_none)
         for got, want in zip(got_losses, want_losses, strict=True):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
