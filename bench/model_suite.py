@@ -10,6 +10,8 @@ kiln), so its first step is a cold first step. Paths:
 
 - `eager`;
 - `inductor`: `torch.compile` default;
+- `inductor_warm`: the same in a fresh process on the caches the `inductor` run filled (run
+  it after `inductor`): its first step is Inductor's warm first step, `inductor_warm_first_s`;
 - `kiln_heuristic`: `backend="kiln"` with `KILN_URL=off` (heuristic schedules, local builds);
 - `kiln_tuned`: `backend="kiln"` against `kiln serve` on this machine after every graph was
   submitted and tuned (bench/flow.py's service and compile phase), from a fresh process with
@@ -40,9 +42,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_MARK = "SUITE_RESULT "
-PATHS = ("eager", "inductor", "kiln_heuristic", "kiln_tuned")
+PATHS = ("eager", "inductor", "inductor_warm", "kiln_heuristic", "kiln_tuned")
 # Record key prefix per path in a case (kiln_heuristic's first step is the cold `kiln_first_s`).
 FIRST_KEY = {"eager": "eager_first_s", "inductor": "inductor_first_s",
+             "inductor_warm": "inductor_warm_first_s",
              "kiln_heuristic": "kiln_first_s", "kiln_tuned": "kiln_hit_first_s"}
 
 
@@ -71,7 +74,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     reference = Reference.of(step_fn(case, step, module, inputs), module)
     if path == "eager":
         run = module
-    elif path == "inductor":
+    elif path.startswith("inductor"):
         run = torch.compile(module)
     else:
         import kiln
@@ -110,12 +113,14 @@ def _cold_env(workdir: Path, tag: str, extra: dict[str, str]) -> dict[str, str]:
 def _measure(args: argparse.Namespace, workdir: Path, model: str, step: str, path: str,
              extra: dict[str, str]) -> dict[str, Any]:
     tag = f"{model}-{step}-{path}"
+    # A warm Inductor run is a fresh process on the caches the cold one filled.
+    cache_tag = f"{model}-{step}-inductor" if path == "inductor_warm" else tag
     cmd = [sys.executable, "-m", "bench.model_suite", "step", "--model", model, "--step", step,
            "--path", path, "--device", args.device, "--iters", str(args.iters)]
     cmd += ["--small"] if args.small else []
     log = workdir / f"{tag}.log"
     with log.open("w") as err:
-        done = subprocess.run(cmd, cwd=ROOT, env=_cold_env(workdir, tag, extra),
+        done = subprocess.run(cmd, cwd=ROOT, env=_cold_env(workdir, cache_tag, extra),
                               stdout=subprocess.PIPE, stderr=err, text=True,
                               timeout=args.timeout, check=False)
     found = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
