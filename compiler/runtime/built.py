@@ -185,7 +185,7 @@ class Built:
                 return out
         elif self._cuda_inputs(inputs) and cudagraphs.enabled():
             self._graphs = cudagraphs.GraphRunner(lambda xs: self._launcher(xs, False),
-                                                  len(self._execs))
+                                                  len(self._execs), self._launcher.check)
             self._graphs(inputs)
         return self._launcher(inputs, boxed)
 

@@ -112,8 +112,12 @@ class _Out:
 class GraphRunner:
     """Captures `run(inputs)` once inputs' addresses settle, then replays it."""
 
-    def __init__(self, run: Callable[[Sequence[Any]], Any], steps: int) -> None:
+    def __init__(self, run: Callable[[Sequence[Any]], Any], steps: int,
+                 check: Callable[[Sequence[Any]], None] | None = None) -> None:
+        """`run(inputs)` runs the graph; `check(inputs)` raises for inputs the graph does not
+        take (a replay runs no Python of the graph, so it checks first)."""
         self.run = run
+        self.check = check
         self.max_copy_bytes = steps * COPY_BYTES_PER_STEP
         self.last_ptrs: list[int] | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -140,6 +144,8 @@ class GraphRunner:
         ptrs = [t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in inputs]
         if self.graph is None:
             return self._maybe_capture(inputs, ptrs)
+        if self.check is not None:
+            self.check(inputs)
         for i, ptr in self.direct:
             if ptrs[i] != ptr:  # e.g. the forward ran without its graph, or copies an output
                 return self._recapture(ptrs, f"input {i} moved")

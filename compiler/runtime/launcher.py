@@ -294,26 +294,7 @@ def generate(plan: Plan, device: torch.device, mode: str,
                      reinterpret=_reinterpret())
     lines = ["def run(inputs, boxed):"]
     emit = lines.append
-    n = len(plan.inputs)
-    emit(f"    if len(inputs) != {n}:")
-    emit(f"        raise ValueError(f'built graph takes {n} inputs, got {{len(inputs)}}')")
-    if n:
-        names = ", ".join(_var(slot) for slot, _ in plan.inputs)
-        emit(f"    {names}{',' if n == 1 else ''} = inputs")
-    checks = []
-    for pos, (slot, m) in enumerate(plan.inputs):
-        if m is None:
-            continue
-        v = _var(slot)
-        checks.append(f"        if {v}.shape != {_ints(m.shape)} or {v}.stride() != "
-                      f"{_ints(m.stride)} or {v}.dtype != {ns.literal(m.dtype)}:")
-        checks.append(f"            check({pos}, {v})")
-    if checks:
-        emit("    try:")
-        lines.extend(checks)
-        emit("    except AttributeError:")
-        emit("        check_all(inputs)")
-        emit("        raise")
+    lines.extend(_input_lines(plan, ns))
     index = {id(launch): i for i, launch in enumerate(plan.launches)}
     input_slots = {slot for slot, _ in plan.inputs}
     if mode == "direct":
@@ -356,6 +337,40 @@ def generate(plan: Plan, device: torch.device, mode: str,
         emit(f"    return {_render(tuple(outs), ns)}")
     else:
         emit(f"    return {_render(outs, ns)}")
+    return "\n".join(lines) + "\n", ns.values
+
+
+def _input_lines(plan: Plan, ns: _Namespace) -> list[str]:
+    """Unpack the inputs into locals and check their count, shapes, strides and dtypes."""
+    lines = []
+    n = len(plan.inputs)
+    lines.append(f"    if len(inputs) != {n}:")
+    lines.append(f"        raise ValueError(f'built graph takes {n} inputs, got {{len(inputs)}}')")
+    if n:
+        names = ", ".join(_var(slot) for slot, _ in plan.inputs)
+        lines.append(f"    {names}{',' if n == 1 else ''} = inputs")
+    checks = []
+    for pos, (slot, m) in enumerate(plan.inputs):
+        if m is None:
+            continue
+        v = _var(slot)
+        checks.append(f"        if {v}.shape != {_ints(m.shape)} or {v}.stride() != "
+                      f"{_ints(m.stride)} or {v}.dtype != {ns.literal(m.dtype)}:")
+        checks.append(f"            check({pos}, {v})")
+    if checks:
+        lines.append("    try:")
+        lines.extend(checks)
+        lines.append("    except AttributeError:")
+        lines.append("        check_all(inputs)")
+        lines.append("        raise")
+    return lines
+
+
+def generate_check(plan: Plan) -> tuple[str, dict[str, Any]]:
+    """The source of `check_inputs(inputs)` (the launcher's input checks alone: what a
+    CUDA graph replay, which runs no launcher, checks), and its globals."""
+    ns = _Namespace()
+    lines = ["def check_inputs(inputs):", *_input_lines(plan, ns), "    return None"]
     return "\n".join(lines) + "\n", ns.values
 
 
@@ -442,6 +457,7 @@ class GraphLauncher:
         self._check, self._check_all = check, check_all
         self._device_input = device_input
         self._fns: dict[torch.device, RunFn] = {}
+        self._checker: Callable[[Sequence[Any]], None] | None = None
         self._lock = threading.Lock()
         self.modes: dict[torch.device, str] = {}  # the mode each device runs now
 
@@ -465,6 +481,17 @@ class GraphLauncher:
         device = torch.device(device)
         return generate(self.plan, device, mode, lambda launch: self._kernel_for(launch, device),
                         recorded)[0]
+
+    def check(self, inputs: Sequence[Any]) -> None:
+        """Check the inputs' count, shapes, strides and dtypes (ValueError), as a call does."""
+        fn = self._checker
+        if fn is None:
+            source, values = generate_check(self.plan)
+            namespace: dict[str, Any] = {"__builtins__": __builtins__, **values,
+                                         "check": self._check, "check_all": self._check_all}
+            exec(compile(source, "<kiln input check>", "exec"), namespace)  # noqa: S102 - ours
+            fn = self._checker = namespace["check_inputs"]
+        fn(inputs)
 
     def compile(self, device: torch.device, mode: str,
                 recorded: list[Recorded | None] | None = None,

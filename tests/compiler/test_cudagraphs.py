@@ -284,3 +284,21 @@ def test_an_output_that_is_a_view_of_a_parameter_is_a_view_of_the_current_one(gr
         del a, view
     assert runner.bases and all(b.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
                                 for b in runner.bases)
+
+
+def test_a_replay_checks_the_inputs_first(graph: _Graph) -> None:
+    run = _affine(graph)
+    checked = []
+
+    def check(xs: list) -> None:
+        checked.append(len(xs))
+        if xs[0].shape != (4,):
+            raise ValueError("input 0: expected torch.float32 [4]")
+
+    runner = cg.GraphRunner(run, steps=2, check=check)
+    x, w = torch.randn(4), torch.randn(4)
+    runner([x, w])
+    _call(runner, run, [x, w])
+    assert _call(runner, run, [x, w])[1] and checked  # replayed, after a check
+    with pytest.raises(ValueError, match="expected"):
+        runner([torch.randn(2), w])  # would have been copied (broadcast) into the graph
