@@ -108,7 +108,7 @@ class Built:
         with_meta = [i for i, (_, m) in enumerate(self._inputs) if m is not None]
         self._launcher = GraphLauncher(
             plan, lambda launch, device: launch.kernel_for(device), self._constants,
-            self._check_one, self._check_all, with_meta[-1] if with_meta else None)
+            self._check_one, self._check_all, with_meta)
 
     @property
     def poison(self) -> bool | float:
@@ -147,12 +147,14 @@ class Built:
         if len(inputs) != len(self._inputs):
             raise ValueError(f"built graph takes {len(self._inputs)} inputs, got {len(inputs)}")
         env: list[Any] = [None] * self._nslots
-        device = torch.device("cpu")
+        device = None
         for (slot, m), value in zip(self._inputs, inputs, strict=False):
             if m is not None:
                 _check_input(slot, m, value)
-                device = value.device
+                if device is None or device.type == "cpu":  # the first one off the CPU
+                    device = value.device
             env[slot] = value
+        device = device or torch.device("cpu")
         for slot, value in self._constants(device):
             env[slot] = value
         for i, step in enumerate(self._execs):

@@ -443,7 +443,7 @@ class GraphLauncher:
     def __init__(self, plan: Plan, kernel_for: Callable[[Launch, torch.device], Any],
                  constants: Callable[[torch.device], list[tuple[int, torch.Tensor]]],
                  check: Callable[[int, Any], None], check_all: Callable[[Sequence[Any]], None],
-                 device_input: int | None,
+                 device_input: int | Sequence[int] | None,
                  direct: Callable[[torch.device], bool] = lambda device: device.type == "cuda",
                  runtime: Callable[[RunFn], dict[str, Any]] | None = None) -> None:
         """`direct(device)`: whether launches on `device` may go to compiled kernels'
@@ -455,11 +455,24 @@ class GraphLauncher:
         self._kernel_for = kernel_for
         self._constants = constants
         self._check, self._check_all = check, check_all
-        self._device_input = device_input
+        # A fixed input position, or the candidates to pick one from on the first call.
+        self._candidates = [] if device_input is None or isinstance(device_input, int) else list(
+            device_input)
+        self._device_input = (device_input if isinstance(device_input, int)
+                              else None if self._candidates else -1)
         self._fns: dict[torch.device, RunFn] = {}
         self._checker: Callable[[Sequence[Any]], None] | None = None
         self._lock = threading.Lock()
         self.modes: dict[torch.device, str] = {}  # the mode each device runs now
+
+    def _pick_device_input(self, inputs: Sequence[Any]) -> int:
+        """The input whose device the graph runs on: the first tensor input off the CPU (a
+        CPU scalar tensor beside CUDA ones does not make a CPU graph), else the last one;
+        -1 for none."""
+        for i in self._candidates:
+            if i < len(inputs) and isinstance(inputs[i], torch.Tensor) and inputs[i].device.type != "cpu":
+                return i
+        return self._candidates[-1] if self._candidates else -1
 
     def reset(self) -> None:
         """Forget generated functions (after a change that alters the source: poison)."""
@@ -469,7 +482,9 @@ class GraphLauncher:
 
     def __call__(self, inputs: Sequence[Any], boxed: bool) -> Any:
         pos = self._device_input
-        device = inputs[pos].device if pos is not None and len(inputs) > pos else CPU
+        if pos is None:
+            pos = self._device_input = self._pick_device_input(inputs)
+        device = inputs[pos].device if 0 <= pos < len(inputs) else CPU
         fn = self._fns.get(device)
         if fn is None:
             fn = self._prepare(device)

@@ -362,3 +362,13 @@ def test_the_host_path_bench_runs_with_stub_kernels() -> None:
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["graph"] for r in rows] == ["gpt_block_train.fwd", "gpt_block_train.bwd"]
     assert all(r["steps_host_us"] > 0 and r["direct_host_us"] > 0 for r in rows)
+
+
+def test_the_device_is_the_first_input_off_the_cpu() -> None:
+    """A CPU scalar tensor beside accelerator tensors does not make a CPU graph."""
+    plan = _built()._launcher.plan
+    launcher = GraphLauncher(plan, lambda launch, device: None, lambda device: [],
+                             lambda pos, v: None, lambda xs: None, [0, 1, 2])
+    off = torch.empty(2, device="meta")
+    assert launcher._pick_device_input([torch.tensor(1.0), off, torch.ones(1)]) == 1
+    assert launcher._pick_device_input([torch.ones(1)] * 3) == 2
