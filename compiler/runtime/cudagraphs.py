@@ -18,6 +18,7 @@ where the inputs live:
   that output is copied out of the graph's memory (strides and aliasing kept) before it
   is returned. Outputs that alias an input read in place are returned as views of it;
   those that alias a copied input are always copied.
+- A graph with a CPU tensor input (read on the host while capturing) never captures.
 - An input read in place that moved, or a held output, makes the call run without the
   graph and a later call capture again (with that output copied out from then on: a
   `.grad` that keeps the first gradient it stole); after MAX_RECAPTURES of those replay is
@@ -180,9 +181,16 @@ class GraphRunner:
 
     def _maybe_capture(self, inputs: Sequence[Any], ptrs: list[int]) -> Any:
         last, self.last_ptrs = self.last_ptrs, ptrs
+        tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+        kinds = {inputs[i].device.type for i in tensors}
+        if "cpu" in kinds and len(kinds) > 1:
+            # A CPU tensor (a scalar beside CUDA ones) is read on the host while capturing:
+            # a replay would use the captured value. Such graphs run without CUDA graphs.
+            log.info("kiln: a CPU tensor input; running without CUDA graphs")
+            self._give_up()
+            return None
         if last is None or len(last) != len(ptrs):
             return None
-        tensors = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
         staged = [i for i in tensors if ptrs[i] != last[i]]
         if (sum(_nbytes(inputs[i]) for i in staged) > self.max_copy_bytes
                 or any(inputs[i].requires_grad for i in staged)):

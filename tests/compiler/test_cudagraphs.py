@@ -302,3 +302,10 @@ def test_a_replay_checks_the_inputs_first(graph: _Graph) -> None:
     assert _call(runner, run, [x, w])[1] and checked  # replayed, after a check
     with pytest.raises(ValueError, match="expected"):
         runner([torch.randn(2), w])  # would have been copied (broadcast) into the graph
+
+
+def test_a_cpu_tensor_beside_device_tensors_is_never_captured(graph: _Graph) -> None:
+    """A CPU scalar is read on the host while capturing: a replay would keep its value."""
+    runner = cg.GraphRunner(lambda xs: None, steps=2)
+    inputs = [torch.empty(4, device="meta"), torch.tensor(2.0)]
+    assert runner(inputs) is None and runner.failed and graph.captures == 0
