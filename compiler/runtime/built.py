@@ -19,6 +19,7 @@ from torch import fx
 from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
 from compiler.lowering.frontend import lower_graph
+from compiler.lowering.ops import VIEWS
 from compiler.runtime import compile_pool, cudagraphs
 from compiler.runtime.execution import (
     Args,
@@ -91,6 +92,9 @@ class Built:
                                       if kinds.kind_of(c.kind, c.variant).library})
         self._execs = execs
         self._graphs: cudagraphs.GraphRunner | None = None
+        # A graph that writes into its inputs cannot copy them in for a CUDA graph (the
+        # replay would write the copies): such graphs never capture.
+        self._writes_inputs = _writes_inputs(program.gm.graph)
         self._nslots = len(slots)
         self._inputs = [(slots[p], p.meta.get("kiln_meta")) for p in program.placeholders]
         self._consts = [(slots[n], n.target) for n in program.gm.graph.nodes if n.op == "get_attr"]
@@ -185,7 +189,7 @@ class Built:
                 if boxed:
                     inputs.clear()  # type: ignore[attr-defined]
                 return out
-        elif self._cuda_inputs(inputs) and cudagraphs.enabled():
+        elif not self._writes_inputs and self._cuda_inputs(inputs) and cudagraphs.enabled():
             self._graphs = cudagraphs.GraphRunner(lambda xs: self._launcher(xs, False),
                                                   len(self._execs), self._launcher.check)
             self._graphs(inputs)
@@ -282,6 +286,24 @@ def _check_input(slot: int, m: Any, value: Any) -> None:
     for size, have, want in zip(m.shape, value.stride(), m.stride, strict=False):
         if size > 1 and have != want:
             raise ValueError(f"input {slot}: expected strides {m.stride}, got {value.stride()}")
+
+
+def _writes_inputs(graph: fx.Graph) -> bool:
+    """Whether an op of `graph` writes into an input (or a view of one) in place."""
+    for node in graph.nodes:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            continue
+        for arg, value in zip(target._schema.arguments, node.args, strict=False):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            base = value
+            while isinstance(base, fx.Node) and base.op == "call_function" and base.args \
+                    and isinstance(base.args[0], fx.Node) and op_name(base).split(".")[1] in VIEWS:
+                base = base.args[0]
+            if not isinstance(base, fx.Node) or base.op == "placeholder":
+                return True
+    return False
 
 
 def _last_uses(execs: list[Any], outputs: Args, nslots: int) -> list[list[int]]:

@@ -309,3 +309,23 @@ def test_a_cpu_tensor_beside_device_tensors_is_never_captured(graph: _Graph) -> 
     runner = cg.GraphRunner(lambda xs: None, steps=2)
     inputs = [torch.empty(4, device="meta"), torch.tensor(2.0)]
     assert runner(inputs) is None and runner.failed and graph.captures == 0
+
+
+def test_graphs_that_write_into_their_inputs_are_found() -> None:
+    """Such graphs never capture: a copied-in input would take the writes, not the caller's."""
+    from torch import fx
+
+    from compiler.runtime.built import _writes_inputs
+
+    aten = torch.ops.aten
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.call_function(aten.add_.Tensor, (g.call_function(aten.view.default, (x, [2])), 1.0))
+    assert _writes_inputs(g)  # through a view
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.call_function(aten.bernoulli_.float, (g.call_function(aten.empty_like.default, (x,)), 0.5))
+    assert not _writes_inputs(g)  # a fresh buffer (dropout's mask)
+    g = fx.Graph()
+    g.call_function(aten.mul.Tensor, (g.placeholder("x"), 2))
+    assert not _writes_inputs(g)
