@@ -19,14 +19,17 @@ compile workers (`tuner/aot.py`), which have no GPU: Triton's JIT, run against a
 driver for the target (`standin_specialization`), gives them the specialisation a client's
 JIT computes, so their binaries are the ones clients look up.
 
-The workers are spawned (CUDA may be initialised here), import Triton with the interpreter
-off and neither torch nor CUDA, and serve the whole process: one pool, started early
-(`start`), reused across graphs, sized to the cores (`KILN_COMPILE_WORKERS`; 0 compiles on
-the building thread). Nothing here is needed for correctness: when Triton does not report
-a specialisation, or a worker cannot compile a kernel, the building thread compiles it.
-A compile that kills its worker breaks the pool; a new one retries the unfinished jobs one
-at a time, and a kernel that kills a worker again fails its build here (never compiled in
-this process, which it would kill too).
+The workers are fresh Python processes (`python -c`, not forked: CUDA may be initialised
+here; not multiprocessing's spawn, which re-runs the user's `__main__` script in each),
+exchanging JSON lines with this process (`_serve`); they import Triton with the
+interpreter off and neither torch nor CUDA, warm up (Triton's own cache key) before their
+first job, and serve the whole process: one pool, started early (`start`), reused across
+graphs, sized to the cores (`KILN_COMPILE_WORKERS`; 0 compiles on the building thread).
+Nothing here is needed for correctness: when Triton does not report a specialisation, or a
+worker cannot compile a kernel, the building thread compiles it. A compile that kills its
+worker is retried alone in a fresh one (the other workers go on), and a kernel that kills
+a worker again fails its build here (never compiled in this process, which it would kill
+too).
 """
 
 from __future__ import annotations
@@ -34,16 +37,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from compiler.runtime.kernel_files import import_kernel
@@ -229,65 +231,184 @@ def cache_key(fn: Any, spec: str) -> str | None:
 
 
 # ---- in the building process ---------------------------------------------------------------
+# A worker is `python -c _BOOT <sys.path as JSON> <result fd>`: it runs `_serve`, nothing of
+# the building process's `__main__` (multiprocessing's spawn re-runs the user's script in
+# every worker: its imports, torch's among them, and all of it when the script has no
+# `if __name__ == "__main__"` guard).
+_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+         "from compiler.runtime.compile_pool import _serve; _serve(int(sys.argv[2]))")
+
+
+def _serve(fd: int) -> None:
+    """A compile worker's loop: one JSON request a line on stdin (`run`: "module:function"
+    taking a CompileJob, `job`: its fields), one JSON answer a line on `fd` (`result`);
+    returns when stdin closes. The worker's own stdout goes to stderr, so that nothing a
+    compiler prints can interleave with the answers."""
+    import importlib
+
+    answers = os.fdopen(fd, "w")
+    os.dup2(2, 1)
+    _init_worker()
+    try:
+        _warm()
+    except Exception as exc:  # noqa: BLE001 - each job then reports what is wrong
+        log.debug("compile worker: warming up failed: %s", exc)
+    runners: dict[str, Callable[[CompileJob], str | None]] = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        name = request["run"]
+        if name not in runners:
+            module, _, function = name.partition(":")
+            runners[name] = getattr(importlib.import_module(module), function)
+        answers.write(json.dumps({"result": runners[name](CompileJob(**request["job"]))}) + "\n")
+        answers.flush()
+
+
+class _Worker:
+    """One compile worker process and the two pipes to it."""
+
+    def __init__(self) -> None:
+        read, write = os.pipe()
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(write)],
+                stdin=subprocess.PIPE, pass_fds=(write,), env=env)
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        self._answers = os.fdopen(read, "r")
+
+    def ask(self, run: str, job: CompileJob) -> str | None | bool:
+        """`run(job)` in the worker: its answer, or False when the worker died doing it."""
+        assert self.process.stdin is not None
+        request = json.dumps({"run": run, "job": asdict(job)}) + "\n"
+        try:
+            self.process.stdin.write(request.encode())
+            self.process.stdin.flush()
+            line = self._answers.readline()
+        except (BrokenPipeError, OSError, ValueError):
+            line = ""
+        if not line:
+            self.close()
+            return False
+        return json.loads(line)["result"]
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close its stdin (its loop ends) and wait; kill it if it does not end."""
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._answers.close()
+
+
 class CompilePool:
-    """A pool of spawned compile workers that outlives a broken worker."""
+    """Compile worker processes (`_serve`) that outlive a compile that kills one."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._count = 0  # workers alive: idle or busy
+        self._closed = False
+        self._cond = threading.Condition()
 
     def start(self) -> None:
-        """Spawn every worker now and have it import Triton (returns at once)."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.size, mp_context=mp.get_context("spawn"),
-                                                 initializer=_init_worker)
-                for _ in range(self.size):
-                    self._pool.submit(_warm)
+        """Start every worker now; each imports Triton and warms up (returns at once)."""
+        with self._cond:
+            self._closed = False
+            while self._count < self.size:
+                self._idle.append(_Worker())
+                self._count += 1
 
-    def _executor(self) -> ProcessPoolExecutor:
-        self.start()
-        assert self._pool is not None
-        return self._pool
+    def _take(self) -> _Worker:
+        with self._cond:
+            while not self._idle and self._count >= self.size:
+                self._cond.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._count += 1
+        try:
+            return _Worker()
+        except BaseException:
+            self._lost()
+            raise
 
-    def _restart(self, broken: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is broken:
-                self._pool = None
-        broken.shutdown(wait=False, cancel_futures=True)
+    def _give(self, worker: _Worker) -> None:
+        with self._cond:
+            if self._closed:
+                self._count -= 1
+            else:
+                self._idle.append(worker)
+            self._cond.notify()
+        if self._closed:
+            worker.close()
+
+    def _lost(self) -> None:
+        with self._cond:
+            self._count -= 1
+            self._cond.notify()
+
+    def _run_one(self, run: str, job: CompileJob) -> str | None | bool:
+        worker = self._take()
+        answer = worker.ask(run, job)
+        if answer is False:
+            self._lost()
+        else:
+            self._give(worker)
+        return answer
 
     def compile_all(self, jobs: list[CompileJob],
                     run: Callable[[CompileJob], str | None] = compile_job) -> list[str | None]:
-        """Compile `jobs` in parallel: per job None, an error, or CRASHED."""
-        pool = self._executor()
-        futures = [pool.submit(run, job) for job in jobs]
-        results: list[str | None] = [None] * len(jobs)
-        retry = []
-        for i, future in enumerate(futures):
-            try:
-                results[i] = future.result()
-            except BrokenProcessPool:
-                retry.append(i)
+        """Compile `jobs` in parallel: per job None, an error, or CRASHED (its compile
+        killed its worker, and then a fresh worker that had only it to do)."""
+        name = f"{run.__module__}:{run.__qualname__}"
+        with self._cond:
+            self._closed = False
+        results: list[str | None | bool] = [None] * len(jobs)
+        pending = list(range(len(jobs)))[::-1]
+        lock = threading.Lock()
+
+        def drive() -> None:
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    i = pending.pop()
+                results[i] = self._run_one(name, jobs[i])
+
+        threads = [threading.Thread(target=drive, name="kiln-compile", daemon=True)
+                   for _ in range(min(self.size, len(jobs)))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        retry = [i for i, r in enumerate(results) if r is False]
         if retry:
             log.warning("a kernel compile killed its worker; retrying %d kernels one at a time",
                         len(retry))
-            self._restart(pool)
-        for i in retry:  # one at a time, so that a crash names its kernel
-            pool = self._executor()
-            try:
-                results[i] = pool.submit(run, jobs[i]).result()
-            except BrokenProcessPool:
-                self._restart(pool)
-                results[i] = CRASHED
-        return results
+        for i in retry:  # alone in a fresh worker, so that a crash names its kernel
+            answer = self._run_one(name, jobs[i])
+            results[i] = CRASHED if answer is False else answer
+        return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Stop the workers."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers (busy ones when their job is done)."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+            self._cond.notify_all()
+        for worker in idle:
+            worker.close()
 
 
 _shared: CompilePool | None = None

@@ -1,0 +1,23 @@
+"""Compile workers are fresh interpreters that run the pool's loop only (issue 14, cold
+compile time): the user's script, with its imports (torch) and its top-level code, is not
+run again in each of them, as multiprocessing's spawn would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_workers_do_not_run_the_users_script_again(tmp_path: Path) -> None:
+    env = {**os.environ, "KILN_TEST_MARKERS": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "tests/compiler/pool_main_script.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["results"] == [None, None]
+    assert sorted(os.listdir(tmp_path)) == [str(got["pid"])]  # the script's process only
