@@ -5,9 +5,10 @@ Triton's JIT dispatch per launch). A graph's call instead runs one flat function
 source is generated here from the built graph, as Inductor's wrapper does: inputs
 unpacked into locals and checked inline (shape, stride, dtype), buffers allocated with
 their sizes and strides written out, ATen ops called directly with their arguments
-written out, a kernel launched with its grid and block sizes written out, and each value
-deleted after its last use (a buffer whose value died is reused for a later one with the
-same layout when only kernels ever read it, so no view can alias it).
+written out, views of inputs and kernel buffers made as aliases of their recorded layout
+(`reinterpret`, no dispatcher), a kernel launched with its grid and block sizes written
+out, and each value deleted after its last use (a buffer whose value died is reused for a
+later one with the same layout when only kernels ever read it, so no view can alias it).
 
 The source is generated from the validated graph only (node slots, checked integers and
 finite floats, names chosen here, keyword names of torch's op schemas; every other object,
@@ -28,10 +29,11 @@ Launch modes, per device:
   way from `JITFunction.run`), skipping the JIT's argument binding, specialisation and
   cache lookup, and passes no launch metadata and no hooks (what the JIT's launch does
   with Triton's empty hook chains). It falls back to the "jit" function for the whole
-  call when a Triton launch hook is set (a profiler), the current device is another one, or an input's alignment differs
-  from the recorded call's, and to the JIT for one launch when an argument an ATen call
-  produced is aligned differently. Any launch whose JIT result is not a compiled kernel
-  keeps the whole device on "jit".
+  call when a Triton launch hook is set (a profiler), the current device is another one,
+  or an input's alignment differs from the recorded call's, and to the JIT for one launch
+  when an argument an ATen call produced is aligned differently. Any launch whose JIT
+  result is not a compiled kernel keeps the whole device on "jit", and so does a first
+  direct call that a launcher refuses (a trial: the call runs again through the JIT).
 """
 
 from __future__ import annotations
