@@ -172,8 +172,8 @@ class Built:
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the graph: returns its outputs in wire order. Runs the graph's generated
-        launcher (compiler/runtime/launcher.py); on CUDA, calls after the first replay a
-        CUDA graph where that is cheaper (see compiler/runtime/cudagraphs.py)."""
+        launcher (compiler/runtime/launcher.py); on CUDA, once two calls agree on where the
+        inputs live, replays a CUDA graph instead (compiler/runtime/cudagraphs.py)."""
         return self._call(inputs, False)
 
     def call_boxed(self, inputs: list[Any]) -> Any:
