@@ -67,14 +67,20 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     _start_compile_workers()
     model = _model_name()  # now: dynamo is tracing the frame; the backward compiles later
 
-    def compiler_for(kind: str) -> Callable[..., Any]:
-        tag = config.tag or (f"{model} {kind}" if model else None)
-        return functools.partial(compile_graph, config=config, kind=kind, tag=tag)
+    def tag_of(kind: str) -> str | None:
+        return config.tag or (f"{model} {kind}" if model else None)
 
+    def compiler_for(kind: str) -> Callable[..., Any]:
+        return functools.partial(compile_graph, config=config, kind=kind, tag=tag_of(kind))
+
+    partition = _Partition()  # its backward graph compiles while the forward does
     try:
-        backend = aot_autograd(fw_compiler=compiler_for("forward"),
+        backend = aot_autograd(fw_compiler=functools.partial(
+                                   compiler_for("forward"), partition=partition,
+                                   backward_tag=tag_of("backward")),
                                bw_compiler=compiler_for("backward"),
                                inference_compiler=compiler_for("inference"),
+                               partition_fn=partition,
                                decompositions=compiler.decompositions())
         return backend(gm, example_inputs)
     except RestartAnalysis:
@@ -141,10 +147,14 @@ def _model_name() -> str | None:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                   config: kiln_config.Config | None = None,
-                  kind: str = "inference", tag: str | None = None) -> Callable[..., Any]:
+                  kind: str = "inference", tag: str | None = None,
+                  partition: _Partition | None = None,
+                  backward_tag: str | None = None) -> Callable[..., Any]:
     """Compile one aten graph (`kind`: forward, backward or inference) into a callable
     (AOTAutograd's boxed convention: it takes one list of inputs). `tag` names the entry on
-    the dashboard (default: the config's `tag`).
+    the dashboard (default: the config's `tag`). A forward's `partition` holds the backward
+    graph AOTAutograd partitioned from the same joint graph: it starts compiling (tagged
+    `backward_tag`) while this forward compiles.
 
     Returns a `CompiledGraph` (swappable: the tuned build replaces the heuristic one between
     calls), a `PerShapeGraph` for graphs with symbolic sizes, or `gm` itself (eager).
@@ -153,6 +163,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     resolver = _resolver(config)
     tag = tag if tag is not None else config.tag
     degrade.count("graphs")
+    if partition is not None:
+        _compile_backward_ahead(partition, resolver,
+                                backward_tag if backward_tag is not None else config.tag)
     if has_symbolic_sizes(gm, list(example_inputs)):
         degrade.warn_once("dynamic_shapes")
         return PerShapeGraph(gm, functools.partial(_specialise, resolver=resolver, kind=kind,
@@ -177,7 +190,18 @@ def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
 
 def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver) -> None:
     """Convert, key, find a schedule for and build `entry`'s graph; what fails leaves it
-    eager (warned once). On the training thread, or the background one."""
+    eager (warned once). On the training thread, or the background one. A backward whose
+    graph was compiled ahead (`_Ahead`, while its forward compiled) takes that build."""
+    if not _convert(entry, example_inputs):
+        return
+    if entry.kind == "backward" and _take_ahead(entry, resolver):
+        return
+    _settle(entry, resolver, _find(entry, resolver))
+
+
+def _convert(entry: CompiledGraph, example_inputs: list[Any]) -> bool:
+    """To the wire format and keyed (`entry.describe`); False when the graph stays eager
+    (counted and warned once)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from compiler.wire.graph import to_wire_and_graph
@@ -185,7 +209,7 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     if entry.device.type == "cpu" and not compiler.runs_on_cpu():
         degrade.warn_once("cpu_eager")
         degrade.count("eager")
-        return
+        return False
     start = time.perf_counter()
     try:
         # Under dynamo the inputs are fake tensors; only their metadata is used here.
@@ -197,8 +221,16 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     except Exception as exc:  # a graph kiln cannot express runs eagerly
         degrade.warn_once("unsupported", f"{type(exc).__name__}: {exc}")
         degrade.count("eager")
-        return
+        return False
     degrade.add_seconds("wire", time.perf_counter() - start)
+    return True
+
+
+def _find(entry: CompiledGraph, resolver: Resolver) -> Any:
+    """The resolver's search for a converted graph (cache, service, local build): the
+    service's last answer, or None."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
     answer = None
     start = time.perf_counter()
     try:
@@ -208,12 +240,117 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
         degrade.warn_once("build_failed", f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
         log.debug("kiln: resolve failed", exc_info=True)
     degrade.add_seconds("resolve", time.perf_counter() - start)
+    return answer
+
+
+def _settle(entry: CompiledGraph, resolver: Resolver, answer: Any) -> None:
+    """Count a graph left eager; hand one that is not tuned yet to the poller."""
     if entry.level == "eager":
         degrade.count("eager")
     if entry.level != "tuned" and not entry.final and resolver.client is not None:
         poller().watch(entry, resolver, submitted=answer is not None,
                        job_id=answer.job_id if answer is not None else None)
     log.debug("kiln: compiled %r", entry)
+
+
+# ---- the backward, compiled while its forward compiles ---------------------------------------
+# AOTAutograd compiles a training graph's backward only when the first backward runs, after
+# the forward compiled and ran: one after the other, each with its own round of compile
+# workers. The partitioner hands kiln the backward graph with the forward, so a thread
+# compiles it (`_Ahead`) while the forward compiles; the backward compiler, later, takes
+# that build when its graph has the same tuning key (it converts its graph anyway), and
+# otherwise compiles as before. Only for CUDA graphs outside KILN_BACKGROUND=1: the
+# interpreter is not thread-safe, and background builds leave the training thread anyway.
+MAX_AHEAD = 8  # backwards compiled ahead and not taken yet, kept (the oldest dropped)
+_aheads: list[_Ahead] = []
+
+
+class _Partition:
+    """What AOTAutograd's partitioner made of one model's joint graph: the backward graph,
+    until the forward compiler hands it to `_Ahead`."""
+
+    def __init__(self) -> None:
+        self.backward: torch.fx.GraphModule | None = None
+
+    def __call__(self, joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        from torch._functorch.partitioners import default_partition
+
+        forward, backward = default_partition(joint, joint_inputs, **kwargs)
+        self.backward = backward
+        return forward, backward
+
+
+class _Ahead:
+    """A backward graph compiled on a thread of its own (see above)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, inputs: list[Any], resolver: Resolver,
+                 tag: str | None) -> None:
+        self.entry = CompiledGraph(gm, kind="backward", device=_device_of(inputs), tag=tag)
+        self.resolver = resolver
+        self.converted = threading.Event()  # entry.key is set (or conversion failed)
+        self.done = threading.Event()
+        self.answer: Any = None
+        self.ok = False
+        self._inputs = inputs
+        self.thread = threading.Thread(target=self._run, name="kiln-backward-ahead", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.ok = _convert(self.entry, self._inputs)
+            self.converted.set()
+            if self.ok:
+                self.answer = _find(self.entry, self.resolver)
+        finally:
+            self._inputs = []
+            self.converted.set()
+            self.done.set()
+
+
+# Tests: compile CPU (interpreter) backwards ahead too, and finish before the forward runs.
+_AHEAD_ON_CPU = False
+
+
+def _compile_backward_ahead(partition: _Partition, resolver: Resolver, tag: str | None) -> None:
+    """Start compiling the backward graph the partitioner made, if there is one to do."""
+    gm, partition.backward = partition.backward, None
+    if gm is None or resolver.config.background:
+        return
+    inputs = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+    if not all(isinstance(x, torch.Tensor) for x in inputs) or has_symbolic_sizes(gm, inputs):
+        return
+    if _device_of(inputs).type != "cuda" and not _AHEAD_ON_CPU:
+        return
+    ahead = _Ahead(gm, inputs, resolver, tag)
+    with _lock:
+        _aheads.append(ahead)
+        del _aheads[:-MAX_AHEAD]
+    ahead.thread.start()
+    if _AHEAD_ON_CPU:
+        ahead.done.wait()
+
+
+def _take_ahead(entry: CompiledGraph, resolver: Resolver) -> bool:
+    """Give a converted backward the build compiled ahead for its key (waiting for it to
+    finish) and settle it; False when there is none (or it stayed eager)."""
+    with _lock:
+        candidates = [a for a in _aheads if a.resolver is resolver]
+    for ahead in candidates:
+        ahead.converted.wait()
+        if not ahead.ok or ahead.entry.key != entry.key:
+            continue
+        ahead.done.wait()
+        with _lock:
+            if ahead in _aheads:
+                _aheads.remove(ahead)
+        done = ahead.entry
+        if done.built is None or done.level == "eager":
+            return False
+        entry.install(done.built, done.level, done.origin)
+        entry.final = done.final
+        degrade.count("backwards_ahead")
+        _settle(entry, resolver, ahead.answer)
+        return True
+    return False
 
 
 def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
@@ -323,5 +460,6 @@ def shutdown() -> None:
         _threads.clear()
         _resolvers.clear()
         _compiled.clear()
+        _aheads.clear()
     for thread in threads:
         thread.stop()

@@ -21,3 +21,29 @@ def test_workers_do_not_run_the_users_script_again(tmp_path: Path) -> None:
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["results"] == [None, None]
     assert sorted(os.listdir(tmp_path)) == [str(got["pid"])]  # the script's process only
+
+
+def test_threads_compiling_at_once_share_the_workers() -> None:
+    import threading
+
+    from compiler.runtime.compile_pool import CompileJob, CompilePool
+    from tests.compiler.crashing_compile import crash_on_boom
+
+    pool = CompilePool(2)
+    results: dict[int, list] = {}
+
+    def compile_some(n: int) -> None:
+        jobs = [CompileJob(f"ok_{n}_{i}", "", "0" * 64, "f", "{}") for i in range(3)]
+        jobs.append(CompileJob(f"bad_{n}", "", "0" * 64, "f", "{}"))
+        results[n] = pool.compile_all(jobs, run=crash_on_boom)
+
+    try:
+        threads = [threading.Thread(target=compile_some, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert results == {n: [None, None, None, f"CompilationError: bad_{n}"] for n in range(3)}
+        assert pool._count <= 2
+    finally:
+        pool.close()

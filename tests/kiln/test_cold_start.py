@@ -66,3 +66,52 @@ def test_a_loader_that_cannot_be_prepared_costs_nothing_but_the_try(monkeypatch)
     backend._start_compile_workers()
     backend._preparing.join(10)
     assert not backend._preparing.is_alive()
+
+
+def test_the_backward_compiled_ahead_is_taken_by_the_backward_compiler(monkeypatch) -> None:
+    monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)  # CUDA only otherwise
+    kiln.configure(url=None)
+    want = train_mlp(steps=3, backend=None)
+    got = train_mlp(steps=3)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    stats = kiln.stats()
+    assert stats["backwards_ahead"] == 1
+    assert stats["builds"] == 2 and stats["schedules_local"] == 2 and stats["eager"] == 0
+    graphs = {g.kind: g for g in backend.compiled_graphs()}
+    assert set(graphs) == {"forward", "backward"}
+    bw = graphs["backward"]
+    assert bw.level == "heuristic" and bw.built is not None and bw.built.kernels
+    assert bw.key == compiler.tuning_key(compiler.from_wire(bw.wire), bw.target)
+    assert not backend._aheads  # taken
+
+
+def test_a_backward_compiled_ahead_for_another_graph_is_not_taken(monkeypatch) -> None:
+    monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)
+    real = backend._Partition.__call__
+
+    def forward_as_backward(self, joint, joint_inputs, **kwargs):
+        forward, backward = real(self, joint, joint_inputs, **kwargs)
+        self.backward = forward  # some other graph: its key cannot match the backward's
+        return forward, backward
+
+    monkeypatch.setattr(backend._Partition, "__call__", forward_as_backward)
+    kiln.configure(url=None)
+    want = train_mlp(steps=2, backend=None)
+    got = train_mlp(steps=2)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    stats = kiln.stats()
+    assert stats.get("backwards_ahead", 0) == 0
+    assert {g.kind: g.level for g in backend.compiled_graphs()} == {
+        "forward": "heuristic", "backward": "heuristic"}
+
+
+def test_no_backward_is_compiled_ahead_for_cpu_graphs_or_in_background_mode(monkeypatch) -> None:
+    kiln.configure(url=None)
+    train_mlp(steps=1)  # CPU graphs under the interpreter: not thread-safe, never ahead
+    assert kiln.stats().get("backwards_ahead", 0) == 0 and not backend._aheads
+    monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)
+    torch._dynamo.reset()
+    kiln.degrade.reset()
+    train_mlp(steps=1, options={"background": True})
+    assert backend.wait_compiled(60)
+    assert kiln.stats().get("backwards_ahead", 0) == 0 and not backend._aheads
