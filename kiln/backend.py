@@ -272,11 +272,11 @@ class _Partition:
     def __init__(self) -> None:
         self.backward: torch.fx.GraphModule | None = None
 
-    def __call__(self, joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+    def __call__(self, joint: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         from torch._functorch.partitioners import default_partition
 
-        forward, backward = default_partition(joint, joint_inputs, **kwargs)
-        self.backward = backward
+        forward, backward = default_partition(joint, *args, **kwargs)
+        self.backward = backward if isinstance(backward, torch.fx.GraphModule) else None
         return forward, backward
 
 

@@ -89,8 +89,8 @@ def test_a_backward_compiled_ahead_for_another_graph_is_not_taken(monkeypatch) -
     monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)
     real = backend._Partition.__call__
 
-    def forward_as_backward(self, joint, joint_inputs, **kwargs):
-        forward, backward = real(self, joint, joint_inputs, **kwargs)
+    def forward_as_backward(self, joint, *args, **kwargs):
+        forward, backward = real(self, joint, *args, **kwargs)
         self.backward = forward  # some other graph: its key cannot match the backward's
         return forward, backward
 
