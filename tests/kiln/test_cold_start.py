@@ -37,7 +37,8 @@ def test_workers_start_and_the_loader_is_prepared_once_per_process(monkeypatch) 
     started, prepared = [], threading.Event()
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(compile_pool, "start", lambda: started.append(1))
+    monkeypatch.setattr(compile_pool, "start",
+                        lambda: started.append(threading.current_thread().name))
 
     def prepare() -> None:
         calls.append(threading.current_thread().name)
@@ -49,9 +50,26 @@ def test_workers_start_and_the_loader_is_prepared_once_per_process(monkeypatch) 
     backend._start_compile_workers()
     assert prepared.wait(10)
     backend._preparing.join(10)
-    assert started == [1, 1]  # the pool's own start is idempotent
-    assert calls == ["kiln-prepare"]  # off the tracing thread, once
+    assert started == ["kiln-prepare"] and calls == ["kiln-prepare"]  # off the tracing thread, once
     assert "seconds:prepare" in kiln.stats()
+
+
+def test_workers_that_cannot_start_are_warned_and_the_loader_is_not_prepared(
+        monkeypatch, caplog) -> None:
+    prepared = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def fail() -> None:
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(compile_pool, "start", fail)
+    monkeypatch.setattr(compile_pool, "prepare_loading", lambda: prepared.append(1))
+    monkeypatch.setattr(backend, "_preparing", None)
+    with caplog.at_level("WARNING", logger="kiln"):
+        backend._start_compile_workers()
+        backend._preparing.join(10)
+    assert "compile workers did not start (OSError: no processes left)" in caplog.text
+    assert not prepared
 
 
 def test_a_loader_that_cannot_be_prepared_costs_nothing_but_the_try(monkeypatch) -> None:
