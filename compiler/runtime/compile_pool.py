@@ -260,7 +260,11 @@ def _serve(fd: int) -> None:
         if name not in runners:
             module, _, function = name.partition(":")
             runners[name] = getattr(importlib.import_module(module), function)
-        answers.write(json.dumps({"result": runners[name](CompileJob(**request["job"]))}) + "\n")
+        try:
+            result = runners[name](CompileJob(**request["job"]))
+        except Exception as exc:  # noqa: BLE001 - the building thread compiles it then
+            result = _one_line(exc)
+        answers.write(json.dumps({"result": result}) + "\n")
         answers.flush()
 
 
@@ -383,7 +387,10 @@ class CompilePool:
                     if not pending:
                         return
                     i = pending.pop()
-                results[i] = self._run_one(name, jobs[i])
+                try:
+                    results[i] = self._run_one(name, jobs[i])
+                except Exception as exc:  # noqa: BLE001 - no worker: compiled here instead
+                    results[i] = f"no compile worker: {_one_line(exc)}"
 
         threads = [threading.Thread(target=drive, name="kiln-compile", daemon=True)
                    for _ in range(min(self.size, len(jobs)))]
@@ -396,7 +403,10 @@ class CompilePool:
             log.warning("a kernel compile killed its worker; retrying %d kernels one at a time",
                         len(retry))
         for i in retry:  # alone in a fresh worker, so that a crash names its kernel
-            answer = self._run_one(name, jobs[i])
+            try:
+                answer = self._run_one(name, jobs[i])
+            except Exception as exc:  # noqa: BLE001 - no worker: compiled here instead
+                answer = f"no compile worker: {_one_line(exc)}"
             results[i] = CRASHED if answer is False else answer
         return results  # type: ignore[return-value]
 

@@ -47,3 +47,30 @@ def test_threads_compiling_at_once_share_the_workers() -> None:
         assert pool._count <= 2
     finally:
         pool.close()
+
+
+def raising(job) -> str | None:
+    """A runner that fails with an exception (compile_job reports its own failures)."""
+    raise RuntimeError(f"cannot compile {job.kernel}")
+
+
+def test_a_runner_that_raises_or_no_worker_at_all_leaves_the_job_to_the_building_thread(
+        monkeypatch) -> None:
+    from compiler.runtime import compile_pool
+    from compiler.runtime.compile_pool import CompileJob, CompilePool
+
+    jobs = [CompileJob(k, "", "0" * 64, "f", "{}") for k in ("a", "b")]
+    pool = CompilePool(2)
+    try:
+        assert pool.compile_all(jobs, run=raising) == [
+            "RuntimeError: cannot compile a", "RuntimeError: cannot compile b"]
+    finally:
+        pool.close()
+
+    def no_process() -> None:
+        raise OSError("cannot start a process")
+
+    monkeypatch.setattr(compile_pool, "_Worker", no_process)
+    pool = CompilePool(2)
+    assert pool.compile_all(jobs) == ["no compile worker: OSError: cannot start a process"] * 2
+    assert pool._count == 0
