@@ -199,16 +199,18 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     _settle(entry, resolver, _find(entry, resolver))
 
 
-def _convert(entry: CompiledGraph, example_inputs: list[Any]) -> bool:
+def _convert(entry: CompiledGraph, example_inputs: list[Any], count: bool = True) -> bool:
     """To the wire format and keyed (`entry.describe`); False when the graph stays eager
-    (counted and warned once)."""
+    (warned once, and counted unless `count` is False: a backward compiled ahead, which
+    its backward compiler converts again)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from compiler.wire.graph import to_wire_and_graph
 
     if entry.device.type == "cpu" and not compiler.runs_on_cpu():
         degrade.warn_once("cpu_eager")
-        degrade.count("eager")
+        if count:
+            degrade.count("eager")
         return False
     start = time.perf_counter()
     try:
@@ -220,7 +222,8 @@ def _convert(entry: CompiledGraph, example_inputs: list[Any]) -> bool:
             entry.describe(compiler.tuning_key(graph, target), graph, wire, target)
     except Exception as exc:  # a graph kiln cannot express runs eagerly
         degrade.warn_once("unsupported", f"{type(exc).__name__}: {exc}")
-        degrade.count("eager")
+        if count:
+            degrade.count("eager")
         return False
     degrade.add_seconds("wire", time.perf_counter() - start)
     return True
@@ -296,7 +299,7 @@ class _Ahead:
 
     def _run(self) -> None:
         try:
-            self.ok = _convert(self.entry, self._inputs)
+            self.ok = _convert(self.entry, self._inputs, count=False)
             self.converted.set()
             if self.ok:
                 self.answer = _find(self.entry, self.resolver)

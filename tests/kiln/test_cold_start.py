@@ -133,3 +133,24 @@ def test_no_backward_is_compiled_ahead_for_cpu_graphs_or_in_background_mode(monk
     train_mlp(steps=1, options={"background": True})
     assert backend.wait_compiled(60)
     assert kiln.stats().get("backwards_ahead", 0) == 0 and not backend._aheads
+
+
+def test_a_backward_that_cannot_be_converted_is_counted_eager_once(monkeypatch) -> None:
+    from compiler.wire import graph as wire
+
+    monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)
+    real = wire.to_wire_and_graph
+
+    def refuse_backwards(gm, inputs):
+        if any(n.name.startswith("tangents") for n in gm.graph.nodes if n.op == "placeholder"):
+            raise compiler.WireError("refused for the test")
+        return real(gm, inputs)
+
+    monkeypatch.setattr(wire, "to_wire_and_graph", refuse_backwards)
+    kiln.configure(url=None)
+    want = train_mlp(steps=2, backend=None)
+    got = train_mlp(steps=2)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    stats = kiln.stats()
+    assert stats["eager"] == 1 and stats["builds"] == 1
+    assert stats.get("backwards_ahead", 0) == 0
