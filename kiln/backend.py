@@ -333,8 +333,9 @@ def _compile_backward_ahead(partition: _Partition, resolver: Resolver, tag: str 
 
 
 def _take_ahead(entry: CompiledGraph, resolver: Resolver) -> bool:
-    """Give a converted backward the build compiled ahead for its key (waiting for it to
-    finish) and settle it; False when there is none (or it stayed eager)."""
+    """Give a converted backward what resolving it ahead gave for its key (waiting for it to
+    finish: a build, or eager with its warnings given) and settle it; False when there is
+    none."""
     with _lock:
         candidates = [a for a in _aheads if a.resolver is resolver]
     for ahead in candidates:
@@ -345,10 +346,9 @@ def _take_ahead(entry: CompiledGraph, resolver: Resolver) -> bool:
         with _lock:
             if ahead in _aheads:
                 _aheads.remove(ahead)
-        done = ahead.entry
-        if done.built is None or done.level == "eager":
-            return False
-        entry.install(done.built, done.level, done.origin)
+        done = ahead.entry  # what resolving this graph gave, a failure (eager) included
+        if done.built is not None and done.level != "eager":
+            entry.install(done.built, done.level, done.origin)
         entry.final = done.final
         degrade.count("backwards_ahead")
         _settle(entry, resolver, ahead.answer)

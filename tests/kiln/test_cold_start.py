@@ -154,3 +154,28 @@ def test_a_backward_that_cannot_be_converted_is_counted_eager_once(monkeypatch) 
     stats = kiln.stats()
     assert stats["eager"] == 1 and stats["builds"] == 1
     assert stats.get("backwards_ahead", 0) == 0
+
+
+def test_a_backward_whose_build_failed_ahead_is_not_built_again(monkeypatch, kiln_warnings) -> None:
+    from kiln import resolve
+
+    monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)
+    real = resolve.Resolver._build
+    tried = []
+
+    def fail_backwards(self, entry, schedule):
+        if entry.kind == "backward":
+            tried.append(entry.key)
+            raise RuntimeError("no kernels for the test")
+        return real(self, entry, schedule)
+
+    monkeypatch.setattr(resolve.Resolver, "_build", fail_backwards)
+    kiln.configure(url=None)
+    want = train_mlp(steps=2, backend=None)
+    got = train_mlp(steps=2)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    stats = kiln.stats()
+    assert len(tried) == 1  # built (and failed) once, ahead
+    assert stats["backwards_ahead"] == 1 and stats["eager"] == 1 and stats["builds"] == 1
+    assert {g.kind: g.level for g in backend.compiled_graphs()} == {
+        "forward": "heuristic", "backward": "eager"}
