@@ -55,10 +55,10 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
 def _fx_hash(gm: fx.GraphModule, metas: list[Any]) -> str:
     """The wire graph hash when the wire module can encode this graph, else a local one."""
     try:
-        from compiler.wire.graph import from_wire, to_wire
+        from compiler.wire.graph import to_wire_and_graph
         from compiler.wire.keys import graph_hash
 
-        return graph_hash(from_wire(to_wire(gm, metas)))
+        return graph_hash(to_wire_and_graph(gm, metas)[1])  # from_wire(to_wire(...))'s hash
     except Exception:  # noqa: BLE001 - unsupported by the wire format: hash locally
         h = hashlib.sha256(gm.code.encode())
         for m in metas:
