@@ -153,8 +153,20 @@ def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,
         timings={"eager_ms": result.eager_ms, "heuristic_ms": result.heuristic_ms,
                  "tuned_ms": result.best_ms,
                  "tuning_s": getattr(result, "seconds", None) or time.monotonic() - start},
-        note="; ".join([f"tuned: {len(measurements)} candidates measured", *result.errors])[:4000])
+        note="; ".join([f"tuned: {len(measurements)} candidates measured, "
+                        f"{_changed_kernels(result)} of {len(kernels)} kernels changed config",
+                        *result.errors])[:4000])
     return _with_binaries(wire, target_json, outcome)
+
+
+def _changed_kernels(result: Any) -> int:
+    """How many kernels of the published schedule run another variant or config than the
+    heuristic's: an entry is `tuned` even when none does (every candidate lost, or the whole
+    graph got slower), and the job note says so."""
+    heuristic = {r.name: (r.heuristic.variant, dict(r.heuristic.config_items))
+                 for r in getattr(result, "kernels", [])}
+    return sum(1 for k in result.schedule.kernels
+               if k.name in heuristic and heuristic[k.name] != (k.variant, dict(k.config)))
 
 
 def _with_binaries(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:

@@ -50,3 +50,27 @@ def test_a_tuned_cuda_schedule_comes_with_its_kernels_compiled_for_the_target(mo
     assert all(k["compiled"]["arch"] == "sm_90" for k in out.kernels)
     assert [b["source_hash"] for b in out.binaries] == [out.kernels[0]["source_hash"]]  # twins: one
     assert sorted(n.rsplit(".", 1)[1] for n in out.binaries[0]["files"]) == ["cubin", "json"]
+
+
+def test_the_job_note_counts_the_kernels_whose_config_tuning_changed() -> None:
+    from types import SimpleNamespace
+
+    from service.pipeline import _changed_kernels
+    from tuner.records import Candidate
+
+    def kernel(name: str, variant: str, **config: int) -> SimpleNamespace:
+        return SimpleNamespace(name=name, variant=variant, config=config)
+
+    def searched(name: str, variant: str, **config: int) -> SimpleNamespace:
+        return SimpleNamespace(name=name, heuristic=Candidate.make(name, variant, config))
+
+    searches = [searched("a", "looped", XBLOCK=16), searched("b", "persistent", XBLOCK=1),
+                searched("c", "triton", BLOCK_M=64)]
+    kept = SimpleNamespace(kernels=searches, schedule=SimpleNamespace(kernels=[
+        kernel("a", "looped", XBLOCK=16), kernel("b", "persistent", XBLOCK=1),
+        kernel("c", "triton", BLOCK_M=64)]))
+    assert _changed_kernels(kept) == 0  # "tuned", yet every heuristic config kept
+    tuned = SimpleNamespace(kernels=searches, schedule=SimpleNamespace(kernels=[
+        kernel("a", "looped", XBLOCK=32), kernel("b", "looped", XBLOCK=1),
+        kernel("c", "triton", BLOCK_M=64)]))
+    assert _changed_kernels(tuned) == 2
