@@ -52,7 +52,7 @@ def run_client(model: str, step: str, device_name: str, small: bool, measure: bo
 
     import kiln
     from bench.measure import Reference, first_step, synchronizer, wall_ms
-    from bench.models import instantiate, step_fn
+    from bench.models import compiled, instantiate, step_fn
     from kiln import degrade
 
     device = torch.device(device_name)
@@ -63,8 +63,7 @@ def run_client(model: str, step: str, device_name: str, small: bool, measure: bo
     if measure:
         reference = Reference.of(eager_step, module)
         record["eager_wall_ms"] = wall_ms(eager_step, sync, iters)
-    compiled = torch.compile(module, backend=kiln.remote_compile)  # = backend="kiln" installed
-    kiln_step = step_fn(case, step, compiled, inputs)
+    kiln_step = step_fn(case, step, compiled("kiln", module), inputs)
     got, record["first_step_s"] = first_step(kiln_step, sync)
     if measure:
         record.update(reference.errors(got, module))

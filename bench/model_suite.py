@@ -66,21 +66,13 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     import torch
 
     from bench.measure import Reference, first_step, gpu_ms, host_ms, synchronizer, wall_ms
-    from bench.models import instantiate, step_fn
+    from bench.models import compiled, instantiate, step_fn
 
     device = torch.device(device_name)
     sync = synchronizer(device)
     case, module, inputs = instantiate(model, device, small)
     reference = Reference.of(step_fn(case, step, module, inputs), module)
-    if path == "eager":
-        run = module
-    elif path.startswith("inductor"):
-        run = torch.compile(module)
-    else:
-        import kiln
-
-        run = torch.compile(module, backend=kiln.remote_compile)
-    compiled_step = step_fn(case, step, run, inputs)
+    compiled_step = step_fn(case, step, compiled(path, module), inputs)
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
     before = _binaries(cache)
     got, seconds = first_step(compiled_step, sync)
@@ -186,12 +178,10 @@ def _merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[s
     return [_case_record(m, s, paths) for (m, s), paths in by_case.items()]
 
 
-def _fmt(v: Any) -> str:
-    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
 def orchestrate(args: argparse.Namespace) -> int:
     import torch
+
+    from bench.flow import _fmt
 
     cases = [(m, s) for m in args.models for s in args.steps
              if not (m == "gpt_block_train" and s == "infer")]

@@ -110,6 +110,18 @@ def step_fn(case: ModelCase, step: str, module: nn.Module, inputs: list[torch.Te
     return train
 
 
+def compiled(path: str, module: nn.Module) -> nn.Module:
+    """`module` as a benchmark path runs it: `eager` as it is, `inductor...` through
+    `torch.compile`'s default, `kiln...` through `backend="kiln"` (`kiln.remote_compile`)."""
+    if path == "eager":
+        return module
+    if path.startswith("inductor"):
+        return torch.compile(module)
+    import kiln
+
+    return torch.compile(module, backend=kiln.remote_compile)
+
+
 def add_case_arguments(parser: Any) -> None:
     """The arguments naming one case of the set (model, step) and how to run it: the
     internal per-case subcommands of bench/flow.py and bench/model_suite.py share them."""

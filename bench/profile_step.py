@@ -22,17 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.measure import synchronizer
-from bench.models import add_case_arguments, instantiate, step_fn
-
-
-def _compiled(path: str, module: torch.nn.Module) -> torch.nn.Module:
-    if path == "eager":
-        return module
-    if path == "inductor":
-        return torch.compile(module)
-    import kiln
-
-    return torch.compile(module, backend=kiln.remote_compile)
+from bench.models import add_case_arguments, compiled, instantiate, step_fn
 
 
 def _host_report(step, sync, iters: int, top: int) -> str:
@@ -76,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     sync = synchronizer(device)
     case, module, inputs = instantiate(args.model, device, args.small)
-    step = step_fn(case, args.step, _compiled(args.path, module), inputs)
+    step = step_fn(case, args.step, compiled(args.path, module), inputs)
     for _ in range(3):  # first step compiles; later ones settle (CUDA graphs, swaps)
         step()
     sync()
