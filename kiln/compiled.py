@@ -43,7 +43,7 @@ class CompiledGraph:
         self.final = False  # the service said all it will say: no background polling
         # Takes the boxed list: the eager graph, or `Built.call_boxed`, which clears the
         # list itself once it holds the inputs (each then dies at its last use).
-        self._impl: Callable[[list[Any]], Any] = self._eager
+        self._impl: Callable[[list[Any]], Any] = _unboxed(gm)
         self._lock = threading.Lock()
         # AOTAutograd's boxed calling convention: called with one list of inputs, which the
         # callee may clear so that activations are freed early. An instance attribute, so
@@ -52,11 +52,6 @@ class CompiledGraph:
 
     def __call__(self, args: list[Any]) -> Any:
         return self._impl(args)  # read once: a concurrent swap affects only the next call
-
-    def _eager(self, args: list[Any]) -> Any:
-        inputs = list(args)
-        args.clear()
-        return self.gm(*inputs)
 
     def describe(self, key: str, graph: compiler.Graph, wire: dict[str, Any],
                  target: compiler.Target) -> None:
