@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compiler.codegen import kinds
-from tuner.records import Candidate, Measurement, configurable, stand_in
+from tuner.records import Candidate, Measurement, stand_in
 from tuner.runner import DEFAULT_TIMEOUT_S, Runner
 from tuner.search import Budget, BudgetClock, KernelSearch, pick_winner
 from tuner.space import candidates
@@ -202,6 +202,7 @@ def _tune_loaded(
     started: float,
 ) -> TuningResult:
     import compiler
+    from tuner.session import schedule_with
 
     # The heuristic `compiler.Schedule`; its JSON goes to the child and the search spaces.
     base_json = base.to_json()
@@ -274,11 +275,9 @@ def _tune_loaded(
         chosen = winner.candidate if winner is not None else search.start
         chosen = Candidate(kernel["name"], chosen.variant, chosen.config_items)
         if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
-            config = {"config": chosen.config} if configurable(chosen.variant) else {}
             # a twin's source is its leader's; the final build fills (and checks) it
-            tuned = tuned.with_kernel(
-                kernel["name"], variant=chosen.variant,
-                source_hash=winner.extra.get("source_hash") if winner else None, **config)
+            tuned = schedule_with(tuned, chosen,
+                                  winner.extra.get("source_hash") if winner else None)
         kernel_results.append(
             KernelResult(
                 name=kernel["name"],

@@ -192,11 +192,12 @@ class TrialSession:
         return time_fn(whole, self.device, fidelity), "graph"
 
 
-def schedule_with(base: Any, cand: records.Candidate) -> Any:
+def schedule_with(base: Any, cand: records.Candidate, source_hash: str | None = None) -> Any:
     """`base` (a `compiler.Schedule`) with the candidate's kernel set to its variant and
-    config (a kind whose config does not apply, an ATen call, keeps the schedule's) and that kernel's source hash cleared."""
+    config (a kind whose config does not apply, an ATen call, keeps the schedule's) and that
+    kernel's source hash set to `source_hash` (cleared by default: the build fills it)."""
     config = {"config": cand.config} if records.configurable(cand.variant) else {}
-    return base.with_kernel(cand.kernel, variant=cand.variant, source_hash=None, **config)
+    return base.with_kernel(cand.kernel, variant=cand.variant, source_hash=source_hash, **config)
 
 
 def twin_keys(graph: Any, base: Any, built: Any) -> dict[str, str]:
