@@ -136,7 +136,7 @@ class GraphRunner:
         self.counts: list[int] = []  # use count of each base's storage held by us alone
         self.copied: set[int] = set()  # bases whose outputs are copied out
         self.copy_outputs: set[int] = set()  # outputs a caller kept: copied from then on
-        self.handed: list[int] = []  # bases the last replay returned without copying
+        self.handed: list[int] = []  # bases a replay returns without copying
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         """Replay (or capture); None means: run this call without a graph."""
@@ -227,6 +227,7 @@ class GraphRunner:
         self._keep_outputs(outputs)
         if not hasattr(torch._C, "_storage_Use_Count"):  # no way to tell: copy them all out
             self.copied = set(range(len(self.bases)))
+        self.handed = [k for k in range(len(self.bases)) if k not in self.copied]
         del outputs  # the bases alone hold the graph's output memory now
         # Keep the static copies only: holding an input read in place (a forward's output)
         # would look like a caller holding it to the graph that made it.
@@ -276,5 +277,4 @@ class GraphRunner:
         if copy:
             for j, value in zip(copy, _copy_out([views[j] for j in copy]), strict=True):
                 views[j] = value
-        self.handed = [k for k in range(len(self.bases)) if k not in self.copied]
         return views[0] if self.single else tuple(views)
