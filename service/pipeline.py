@@ -101,18 +101,27 @@ def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: i
     return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built), note=note)
 
 
-def compile_for_target(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:
-    """For a CUDA target, compile every kernel of a built outcome for its architecture and
-    keep the compile facts (raises `TargetCompileError` when one does not compile or fit)."""
+def _add_compiled(wire: str, target_json: dict[str, Any], outcome: Outcome) -> int | None:
+    """For a CUDA target, compile every kernel of `outcome` for its architecture: each
+    kernel's compile facts and the binaries go into `outcome`; how many kernels compiled,
+    None when there is nothing to compile (another target, or ATen calls only). Raises
+    `TargetCompileError` when one does not compile or fit, before changing `outcome`."""
     if target_json.get("device_type") != "cuda" or not outcome.kernels:
-        return outcome  # ATen calls only: nothing to compile
+        return None
     with metrics.timed("target_compile"):
         compiled = compile_schedule(wire, outcome.schedule)
     for kernel in outcome.kernels:
         kernel["compiled"] = compiled.facts.get(kernel["name"])
     outcome.binaries = compiled.binaries
-    outcome.note = (f"heuristic build, {len(compiled.facts)} kernels compiled for "
-                    f"{target_json.get('arch')}")
+    return len(compiled.facts)
+
+
+def compile_for_target(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:
+    """For a CUDA target, compile every kernel of a built outcome for its architecture and
+    keep the compile facts (raises `TargetCompileError` when one does not compile or fit)."""
+    compiled = _add_compiled(wire, target_json, outcome)
+    if compiled is not None:
+        outcome.note = f"heuristic build, {compiled} kernels compiled for {target_json.get('arch')}"
     return outcome
 
 
@@ -171,18 +180,11 @@ def _changed_kernels(result: Any) -> int:
 
 def _with_binaries(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:
     """A tuned CUDA schedule's kernel binaries and compile facts (what the heuristic build
-    gets from `compile_for_target`), so that a client on a hit compiles nothing. The tuner
-    compiled the winners already (mostly hits in Triton's cache); a failure here keeps the
-    tuned schedule, without binaries (clients compile them)."""
-    if target_json.get("device_type") != "cuda" or not outcome.kernels:
-        return outcome
+    gets from `compile_for_target`; both through `_add_compiled`), so that a client on a hit
+    compiles nothing. The tuner compiled the winners already (mostly hits in Triton's
+    cache); a failure here keeps the tuned schedule, without binaries (clients compile them)."""
     try:
-        with metrics.timed("target_compile"):
-            compiled = compile_schedule(wire, outcome.schedule)
+        _add_compiled(wire, target_json, outcome)
     except Exception as exc:  # noqa: BLE001 - binaries are an optimisation
         log.warning("no binaries for the tuned schedule: %s: %s", type(exc).__name__, exc)
-        return outcome
-    for kernel in outcome.kernels:
-        kernel["compiled"] = compiled.facts.get(kernel["name"])
-    outcome.binaries = compiled.binaries
     return outcome
