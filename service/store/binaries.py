@@ -88,25 +88,22 @@ def binaries_by_keys(session: Session, keys: list[str],
     keys = list(dict.fromkeys(keys))
     rows = session.scalars(select(KernelBinaryRow).where(KernelBinaryRow.key.in_(keys))).all()
     by_key = {row.key: row for row in rows}
-    found, left_out, total = [], [], 0
+    chosen, left_out, total = [], [], 0
     for key in keys:
         row = by_key.get(key)
         if row is None:
             continue
-        if found and total + row.size > max_bytes:
+        if chosen and total + row.size > max_bytes:
             left_out.append(key)
             continue
-        files = session.scalars(select(KernelBinaryFileRow).where(KernelBinaryFileRow.key == key)
-                                .order_by(KernelBinaryFileRow.name)).all()
         total += row.size
-        found.append({"key": key, "source_hash": row.source_hash, "arch": row.arch,
-                      "files": [{"name": f.name, "sha256": f.sha256, "data": bytes(f.data)}
-                                for f in files]})
+        chosen.append(row)
+    files: dict[str, list[dict[str, Any]]] = {row.key: [] for row in chosen}
+    if chosen:  # every chosen binary's files in one query
+        for f in session.scalars(select(KernelBinaryFileRow)
+                                 .where(KernelBinaryFileRow.key.in_(list(files)))
+                                 .order_by(KernelBinaryFileRow.key, KernelBinaryFileRow.name)):
+            files[f.key].append({"name": f.name, "sha256": f.sha256, "data": bytes(f.data)})
+    found = [{"key": row.key, "source_hash": row.source_hash, "arch": row.arch,
+              "files": files[row.key]} for row in chosen]
     return found, left_out
-
-
-def binary_count(session: Session) -> int:
-    """How many binaries are stored."""
-    from sqlalchemy import func
-
-    return int(session.scalar(select(func.count()).select_from(KernelBinaryRow)) or 0)
