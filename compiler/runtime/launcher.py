@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from compiler.runtime.execution import AtenMatmul, Call, Launch, Slot, _poison
+from compiler.runtime.execution import AtenMatmul, Call, Launch, Slot, _poison, is_interpreted
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +91,16 @@ class _Namespace:
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
         self._by_id: dict[tuple[str, int], str] = {}
+        self._counts: dict[str, int] = {}  # names given per prefix
 
     def bind(self, prefix: str, value: Any) -> str:
         """A global name for `value` (one name per object, numbered in order of use)."""
         key = (prefix, id(value))
         name = self._by_id.get(key)
         if name is None:
-            name = f"{prefix}{sum(1 for k in self._by_id if k[0] == prefix)}"
-            self._by_id[key] = name
+            count = self._counts.get(prefix, 0)
+            name = self._by_id[key] = f"{prefix}{count}"
+            self._counts[prefix] = count + 1
             self.values[name] = value
         return name
 
@@ -171,6 +173,7 @@ class Plan:
     def __init__(self, execs: list[Any], inputs: list[tuple[int, Any]], consts: list[int],
                  outputs: Any, frees: list[list[int]]) -> None:
         self.execs, self.inputs, self.consts = execs, inputs, consts
+        self.input_slots = {slot for slot, _ in inputs}
         self.outputs, self.frees = outputs, frees
         launches = [s.epilogue if isinstance(s, AtenMatmul) else s for s in execs]
         self.launches: list[Launch] = [s for s in launches if isinstance(s, Launch)]
@@ -185,12 +188,11 @@ class Plan:
         buffers whose layout is known for certain: inputs (checked each call), buffers our
         launches allocate, and such views of them. A view of an ATen call's result stays an
         ATen call (its layout is the library's)."""
-        known: dict[int, Any] = {slot: m for slot, m in self.inputs if m is not None}
+        known = {slot: (tuple(m.shape), tuple(m.stride), m.offset, m.dtype)
+                 for slot, m in self.inputs if m is not None}
         for launch in self.launches:
             for slot, shape, stride, dtype in launch.outs:
                 known[slot] = (tuple(shape), tuple(stride), 0, dtype)
-        known = {s: (tuple(m.shape), tuple(m.stride), m.offset, m.dtype)
-                 if not isinstance(m, tuple) else m for s, m in known.items()}
         views = {}
         for step in self.execs:
             if not isinstance(step, Call) or _op_key(step.target) not in ALIAS_VIEWS:
@@ -298,7 +300,6 @@ def generate(plan: Plan, device: torch.device, mode: str,
     emit = lines.append
     lines.extend(_input_lines(plan, ns))
     index = {id(launch): i for i, launch in enumerate(plan.launches)}
-    input_slots = {slot for slot, _ in plan.inputs}
     if mode == "direct":
         assert recorded is not None
         dev_index = "None" if device.index is None else str(operator.index(device.index))
@@ -306,7 +307,7 @@ def generate(plan: Plan, device: torch.device, mode: str,
         seen: set[int] = set()
         for launch, rec in zip(plan.launches, recorded, strict=True):
             for slot, ok in zip(_foreign(plan, launch), rec.aligned if rec else (), strict=False):
-                if slot in input_slots and slot not in seen:
+                if slot in plan.input_slots and slot not in seen:
                     seen.add(slot)
                     guards.append(f"{'' if ok else 'not '}{_var(slot)}.data_ptr() & 15")
         emit("    if (" + "\n            or ".join(guards) + "):")
@@ -420,9 +421,8 @@ def _launch_lines(launch: Launch, i: int, plan: Plan, ns: _Namespace, mode: str,
     direct = (f"{ns.bind('L', kernel.run)}({grid[0]}, {grid[1]}, {grid[2]}, stream, "
               f"{ns.bind('F', kernel.function)}, {ns.bind('M', kernel.packed_metadata)}, "
               f"None, None, None, {', '.join(values)})")
-    inputs = {slot for slot, _ in plan.inputs}
     guards = [f"{'' if ok else 'not '}{_var(s)}.data_ptr() & 15"
-              for s, ok in zip(foreign, rec.aligned, strict=True) if s not in inputs]
+              for s, ok in zip(foreign, rec.aligned, strict=True) if s not in plan.input_slots]
     if guards:
         emit(f"    if {' or '.join(guards)}:")
         emit(f"        {jit_call}")
@@ -531,8 +531,7 @@ class GraphLauncher:
             if fn is not None:
                 return fn
             interpreted = not self._direct(device) or any(
-                type(self._kernel_for(launch, device)).__name__ == "InterpretedFunction"
-                for launch in self.plan.launches)
+                is_interpreted(self._kernel_for(launch, device)) for launch in self.plan.launches)
             if interpreted or not self.plan.launches:
                 fn = self.compile(device, "jit")
                 self.modes[device] = "jit"
