@@ -36,7 +36,7 @@ def refusal(job: compile_pool.CompileJob, key: str, binary: Binary) -> str | Non
     for name, (digest, data) in binary.files.items():
         if hashlib.sha256(data).hexdigest() != digest:
             return f"file {name[:80]} does not match its sha256"
-    return compile_pool.check_binary_files(key, {n: d for n, (_, d) in binary.files.items()})
+    return compile_pool.check_binary_files(key, binary.data)
 
 
 class ServiceBinaries:
@@ -70,7 +70,7 @@ class ServiceBinaries:
                 degrade.warn_once("binary_refused", f"kernel {job.kernel}: {why}")
                 continue
             try:
-                compile_pool.install_binary(key, {n: d for n, (_, d) in binary.files.items()})
+                compile_pool.install_binary(key, binary.data)
             except (OSError, ValueError) as exc:
                 degrade.warn_once("cache", f"Triton's cache: {exc}")
                 continue

@@ -70,6 +70,11 @@ class Binary:
     source_hash: str
     files: dict[str, tuple[str, bytes]]
 
+    @property
+    def data(self) -> dict[str, bytes]:
+        """Each file's bytes, by name (what Triton's cache holds)."""
+        return {name: data for name, (_, data) in self.files.items()}
+
 
 BINARY_KEYS_PER_REQUEST = 128  # a query string of 128 keys stays well under 16 KiB
 
