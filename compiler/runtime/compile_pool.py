@@ -370,6 +370,13 @@ class CompilePool:
             self._give(worker)
         return answer
 
+    def _ask(self, run: str, job: CompileJob) -> str | None | bool:
+        """`_run_one`, with a worker that cannot be started reported as the job's error."""
+        try:
+            return self._run_one(run, job)
+        except Exception as exc:  # noqa: BLE001 - no worker: compiled here instead
+            return f"no compile worker: {_one_line(exc)}"
+
     def compile_all(self, jobs: list[CompileJob],
                     run: Callable[[CompileJob], str | None] = compile_job) -> list[str | None]:
         """Compile `jobs` in parallel: per job None, an error, or CRASHED (its compile
@@ -387,10 +394,7 @@ class CompilePool:
                     if not pending:
                         return
                     i = pending.pop()
-                try:
-                    results[i] = self._run_one(name, jobs[i])
-                except Exception as exc:  # noqa: BLE001 - no worker: compiled here instead
-                    results[i] = f"no compile worker: {_one_line(exc)}"
+                results[i] = self._ask(name, jobs[i])
 
         threads = [threading.Thread(target=drive, name="kiln-compile", daemon=True)
                    for _ in range(min(self.size, len(jobs)))]
@@ -403,10 +407,7 @@ class CompilePool:
             log.warning("a kernel compile killed its worker; retrying %d kernels one at a time",
                         len(retry))
         for i in retry:  # alone in a fresh worker, so that a crash names its kernel
-            try:
-                answer = self._run_one(name, jobs[i])
-            except Exception as exc:  # noqa: BLE001 - no worker: compiled here instead
-                answer = f"no compile worker: {_one_line(exc)}"
+            answer = self._ask(name, jobs[i])
             results[i] = CRASHED if answer is False else answer
         return results  # type: ignore[return-value]
 
