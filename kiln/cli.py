@@ -160,7 +160,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     where = "loopback: client endpoints need no token" if settings.loopback else \
         "every endpoint needs a token"
     print(f"kiln: serving on http://{settings.host}:{settings.port} ({where}); database "
-          f"{settings.database_url.split('@')[-1]}; queue "
+          f"{_where(settings.database_url)}; queue "
           f"{'redis' if settings.redis_url else 'in-process'}; {args.workers} process(es)",
           flush=True)
     print(f"kiln: dashboard {_dashboard_url(settings)} (log in with the admin token)", flush=True)
@@ -291,7 +291,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
     settings = _settings()
     upgrade(settings.database_url, args.revision)
-    print(f"kiln: database at {settings.database_url.split('@')[-1]} is at {args.revision}")
+    print(f"kiln: database at {_where(settings.database_url)} is at {args.revision}")
     return 0
 
 
