@@ -156,11 +156,16 @@ def build_launcher(kernel: Any) -> None:
 def launcher_signature(job: CompileJob) -> str | None:
     """What a job's launcher source depends on (Triton 3.6's `make_launcher`: the kernel's
     signature), as text; None when its specialisation data does not say."""
+    signature = _spec_field(job, "signature")
+    return json.dumps(signature, sort_keys=True) if isinstance(signature, dict) else None
+
+
+def _spec_field(job: CompileJob, name: str) -> Any:
+    """Field `name` of a job's specialisation data; None when the data is no JSON object."""
     try:
-        signature = json.loads(job.spec).get("signature")
+        return json.loads(job.spec).get(name)
     except (ValueError, AttributeError):
         return None
-    return json.dumps(signature, sort_keys=True) if isinstance(signature, dict) else None
 
 
 def _compile(job: CompileJob) -> Any:
@@ -645,10 +650,7 @@ _sources = threading.local()
 
 def job_key(job: CompileJob) -> str | None:
     """The Triton cache key `specialization` put in a job's data, or None."""
-    try:
-        key = json.loads(job.spec).get("cache_key")
-    except (ValueError, AttributeError):
-        return None
+    key = _spec_field(job, "cache_key")
     return key if isinstance(key, str) else None
 
 
