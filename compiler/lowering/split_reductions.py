@@ -73,7 +73,7 @@ from torch import fx
 
 from compiler.codegen.common import TL_DTYPES, Unsupported
 from compiler.codegen.reduction import reduction_info
-from compiler.ir import TensorMeta
+from compiler.ir import Domain, TensorMeta
 
 aten = torch.ops.aten
 
@@ -149,13 +149,12 @@ def _factor(n: int, ideal: int) -> int:
 
 
 def plan_split(m: TensorMeta, dims: tuple[int, ...], policy: SplitPolicy) -> Split | None:
-    """The split of a reduction of a source with meta `m` over `dims`, or None to keep it
-    one kernel."""
+    """The split of a reduction of a source with meta `m` over `dims` (sorted, as
+    `reduction_info` gives them), or None to keep it one kernel."""
     shape = m.shape
-    rank = len(shape)
     rdims = set(dims)
-    xnumel = math.prod(shape[d] for d in range(rank) if d not in rdims)
-    rnumel = math.prod(shape[d] for d in rdims)
+    domain = Domain(shape, dims)  # the one kernel it would otherwise be
+    xnumel, rnumel = domain.xnumel, domain.rnumel
     if not policy.enabled or rnumel < 2 or xnumel == 0:
         return None
     order = memory_order(m)
@@ -170,10 +169,9 @@ def plan_split(m: TensorMeta, dims: tuple[int, ...], policy: SplitPolicy) -> Spl
     if policy.force is not None:
         want = min(policy.force, rnumel)
     else:
-        one_kernel_rows = dims == tuple(range(rank - len(dims), rank))
-        if rnumel < (policy.min_rnumel_rows if one_kernel_rows else policy.min_rnumel):
+        if rnumel < (policy.min_rnumel_rows if domain.inner else policy.min_rnumel):
             return None
-        enough = policy.row_target if one_kernel_rows else policy.column_target
+        enough = policy.row_target if domain.inner else policy.column_target
         if xnumel >= enough:
             return None
         target = policy.row_target if row_regime else policy.column_target
