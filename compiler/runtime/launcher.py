@@ -504,11 +504,18 @@ class GraphLauncher:
         fn = self._checker
         if fn is None:
             source, values = generate_check(self.plan)
-            namespace: dict[str, Any] = {"__builtins__": __builtins__, **values,
-                                         "check": self._check, "check_all": self._check_all}
-            exec(compile(source, "<kiln input check>", "exec"), namespace)  # noqa: S102 - ours
-            fn = self._checker = namespace["check_inputs"]
+            fn = self._checker = self._exec(source, values, "<kiln input check>", "check_inputs")
         fn(inputs)
+
+    def _exec(self, source: str, values: dict[str, Any], filename: str, name: str,
+              extra: dict[str, Any] | None = None) -> Any:
+        """Compile generated `source` with its globals `values` (and `extra`, and the
+        input checks it calls) and return its function `name`."""
+        namespace: dict[str, Any] = {"__builtins__": __builtins__, **values,
+                                     "check": self._check, "check_all": self._check_all,
+                                     **(extra or {})}
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated source (module docstring)
+        return namespace[name]
 
     def compile(self, device: torch.device, mode: str,
                 recorded: list[Recorded | None] | None = None,
@@ -516,14 +523,9 @@ class GraphLauncher:
         """Generate, compile and bind the function for `device` in `mode`."""
         source, values = generate(self.plan, device, mode,
                                   lambda launch: self._kernel_for(launch, device), recorded)
-        namespace: dict[str, Any] = {"__builtins__": __builtins__, **values,
-                                     "check": self._check, "check_all": self._check_all}
-        for slot, value in self._constants(device):
-            namespace[f"const{slot}"] = value
-        namespace.update(extra or {})
-        code = compile(source, f"<kiln launcher {mode} {device}>", "exec")
-        exec(code, namespace)  # noqa: S102 - our own generated source (module docstring)
-        return namespace["run"]
+        bound = {f"const{slot}": value for slot, value in self._constants(device)}
+        return self._exec(source, values, f"<kiln launcher {mode} {device}>", "run",
+                          {**bound, **(extra or {})})
 
     def _prepare(self, device: torch.device) -> RunFn:
         with self._lock:
