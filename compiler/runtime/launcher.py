@@ -445,10 +445,11 @@ class GraphLauncher:
     def __init__(self, plan: Plan, kernel_for: Callable[[Launch, torch.device], Any],
                  constants: Callable[[torch.device], list[tuple[int, torch.Tensor]]],
                  check: Callable[[int, Any], None], check_all: Callable[[Sequence[Any]], None],
-                 device_input: int | Sequence[int] | None,
+                 device_inputs: Sequence[int],
                  direct: Callable[[torch.device], bool] = lambda device: device.type == "cuda",
                  runtime: Callable[[RunFn], dict[str, Any]] | None = None) -> None:
-        """`direct(device)`: whether launches on `device` may go to compiled kernels'
+        """`device_inputs`: the inputs that may say where the graph runs (the first call
+        picks one, `_pick_device_input`); `direct(device)`: whether launches on `device` may go to compiled kernels'
         launchers; `runtime(fallback)`: the direct function's globals that ask Triton's
         driver (hooks, current device and stream) and its fallback (tests stand them in)."""
         self.plan = plan
@@ -457,11 +458,8 @@ class GraphLauncher:
         self._kernel_for = kernel_for
         self._constants = constants
         self._check, self._check_all = check, check_all
-        # A fixed input position, or the candidates to pick one from on the first call.
-        self._candidates = [] if device_input is None or isinstance(device_input, int) else list(
-            device_input)
-        self._device_input = (device_input if isinstance(device_input, int)
-                              else None if self._candidates else -1)
+        self._candidates = list(device_inputs)
+        self._device_input = None if self._candidates else -1  # picked on the first call
         self._fns: dict[torch.device, RunFn] = {}
         self._checker: Callable[[Sequence[Any]], None] | None = None
         self._lock = threading.Lock()

@@ -132,7 +132,7 @@ def _hand_launcher(gm: fx.GraphModule) -> GraphLauncher:
     frees = _last_uses(execs, Args(out, slots), len(nodes))
     plan = Plan(execs, [(0, None)], [], slot_tree(out, slots), frees)
     return GraphLauncher(plan, lambda launch, device: None, lambda device: [],
-                         lambda pos, v: None, lambda xs: None, None)
+                         lambda pos, v: None, lambda xs: None, [])
 
 
 def test_values_die_at_their_last_use_and_a_boxed_call_frees_its_inputs() -> None:
@@ -226,7 +226,7 @@ def _direct_launcher(built: compiler.Built, log: dict, rt: type = RT) -> GraphLa
     cpu = torch.device("cpu")
     return GraphLauncher(
         old.plan, lambda launch, device: StandInJit(launch.kernel_for(cpu), log), built._constants,
-        built._check_one, built._check_all, 2, direct=lambda device: True,
+        built._check_one, built._check_all, [2], direct=lambda device: True,
         runtime=lambda fallback: {"hooked": lambda: rt.launch_enter_hook is not None,
                                   "current_device": lambda: None,
                                   "current_stream": lambda index: 42, "fallback": fallback})
@@ -279,7 +279,7 @@ def test_a_launch_without_a_compiled_kernel_keeps_the_jit_path() -> None:
     old = built._launcher
     launcher = GraphLauncher(
         old.plan, lambda launch, device: launch.kernel_for(cpu), built._constants,
-        built._check_one, built._check_all, 2, direct=lambda device: True,
+        built._check_one, built._check_all, [2], direct=lambda device: True,
         runtime=lambda fallback: {})
     xs = _inputs()
     want = built._run(list(xs), None)
