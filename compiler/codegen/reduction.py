@@ -89,17 +89,21 @@ def reduced_index(info: ReductionInfo, full: Index) -> Index:
     return tuple(e for d, e in enumerate(full) if d not in info.dims)
 
 
-def _identity(op: str, dtype: torch.dtype) -> str:
+def identity(op: str, dtype: torch.dtype) -> float | int:
+    """The value reduction `op` (one of `OPS`' values) starts from in `dtype`: what masked
+    lanes hold, and what a split reduction pads with."""
     if op in ("sum", "mean", "any"):
-        return literal(0, dtype)
+        return 0
     if op in ("prod", "all"):
-        return literal(1, dtype)
-    big = float("inf") if dtype.is_floating_point else (
-        torch.iinfo(dtype).max if dtype != torch.bool else 1)
-    if op in ("max", "argmax"):
-        return literal(-big, dtype) if dtype.is_floating_point or dtype == torch.bool else literal(
-            torch.iinfo(dtype).min, dtype)
-    return literal(big, dtype)
+        return 1
+    if dtype.is_floating_point:
+        return float("-inf") if op in ("max", "argmax") else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if op in ("max", "argmax") else info.max
+
+
+def _identity(op: str, dtype: torch.dtype) -> str:
+    return literal(identity(op, dtype), dtype)
 
 
 def _acc_dtype(info: ReductionInfo) -> torch.dtype:

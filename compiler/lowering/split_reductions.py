@@ -72,7 +72,7 @@ import torch
 from torch import fx
 
 from compiler.codegen.common import TL_DTYPES, Unsupported
-from compiler.codegen.reduction import reduction_info
+from compiler.codegen.reduction import identity, reduction_info
 from compiler.ir import Domain, TensorMeta
 
 aten = torch.ops.aten
@@ -208,15 +208,6 @@ def plan_split(m: TensorMeta, dims: tuple[int, ...], policy: SplitPolicy) -> Spl
     return Split(order, tuple(outer), split)
 
 
-def _identity(op: str, dtype: torch.dtype) -> float | int:
-    if op in ("sum", "mean"):
-        return 0
-    if dtype.is_floating_point:
-        return float("-inf") if op == "max" else float("inf")
-    info = torch.iinfo(dtype)
-    return info.min if op == "max" else info.max
-
-
 def _partial_dtype(op: str, out: torch.dtype, src: torch.dtype) -> torch.dtype:
     if op in ("max", "min"):
         return src
@@ -300,7 +291,7 @@ def _rewrite(graph: fx.Graph, node: fx.Node, op: str, dims: tuple[int, ...], kee
         extra = s * chunk - shape[d]
         if extra:
             pad = [0, 0] * (rank - 1 - pos) + [0, extra]
-            y = graph.call_function(aten.constant_pad_nd.default, (y, pad, _identity(op, src.dtype)))
+            y = graph.call_function(aten.constant_pad_nd.default, (y, pad, identity(op, src.dtype)))
         vshape = pshape[:pos] + [s, chunk] + pshape[pos + 1:]
         y = graph.call_function(aten.view.default, (y, vshape))
     rdims = set(dims)
