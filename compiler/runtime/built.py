@@ -128,13 +128,7 @@ class Built:
         self._launcher.reset()  # the generated launchers poison (or not) in their source
 
     def _launches(self) -> list[Launch]:
-        found = []
-        for e in self._execs:
-            if isinstance(e, Launch):
-                found.append(e)
-            elif isinstance(e, AtenMatmul) and e.epilogue is not None:
-                found.append(e.epilogue)
-        return found
+        return self._launcher.plan.launches  # kernel launches and matmul epilogues, in order
 
     def _constants(self, device: torch.device) -> list[tuple[int, torch.Tensor]]:
         if device not in self._const_cache:
