@@ -44,13 +44,19 @@ def check_member(group: KernelGroup, writer: Writer, node: fx.Node) -> None:
     another index (fusion's check for a member joining this kernel)."""
     mm = group.anchors[0]
     out = meta(mm)
-    lead = ("rb",) if len(out.shape) == 3 else ()
-    natural = lead + ("rm", "rn")
+    natural, flat = _output_index(out.shape)
     writer.anchors[mm] = (natural, "acc")
-    n = out.shape[-1]
-    flat = f"rm * {n} + rn" if not lead else f"rb * {out.shape[-2] * n} + rm * {n} + rn"
     idx = pointwise.member_index(writer, node, natural, out.shape, flat)
     writer.value(node, idx, "mmask")
+
+
+def _output_index(shape: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
+    """The epilogue's index of an output of `shape` ([batch,] M, N): per dim (`rb`, `rm`,
+    `rn`), and flat."""
+    M, N = shape[-2:]
+    if len(shape) == 3:
+        return ("rb", "rm", "rn"), f"rb * {M * N} + rm * {N} + rn"
+    return ("rm", "rn"), f"rm * {N} + rn"
 
 
 def generate(group: KernelGroup, writer: Writer, comment: list[str]) -> Generated:
@@ -101,7 +107,7 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str]) -> Generate
     w.emit(f"acc = tl.dot(a, b, acc{precision})")
     w.pop()
     w.emit("mmask = (rm < M) & (rn < N)")
-    natural = lead + ("rm", "rn")
+    natural, flat = _output_index(out.shape)
     value = "acc" if alpha == 1 else f"acc * {literal(alpha, torch.float32)}"
     if bias is not None:
         bv = w.value(bias, broadcast_index(natural, out.shape, meta(bias).shape), "mmask")
@@ -109,7 +115,6 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str]) -> Generate
     if value != "acc":
         value = w.tmp(value)
     w.anchors[mm] = (natural, value)
-    flat = f"rm * {N} + rn" if not batched else f"rb * {M * N} + rm * {N} + rn"
     w.flat_forms[(natural, out.shape)] = flat
     for node in group.stored:
         idx = pointwise.member_index(w, node, natural, out.shape, flat)
