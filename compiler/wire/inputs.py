@@ -63,15 +63,19 @@ def _index_bounds(node: NodeSpec, shape_of: Any) -> list[tuple[Any, int]]:
     return [(ref, high) for ref, high in bounds if isinstance(ref, Ref) and isinstance(high, int) and high > 0]
 
 
+def _shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
+    """The shape of every input, constant and single-tensor node, by name."""
+    shapes = {i.name: i.shape for i in graph.inputs}
+    shapes.update({c.name: c.shape for c in graph.constants})
+    shapes.update({n.name: n.meta.shape for n in graph.nodes if isinstance(n.meta, TensorMeta)})
+    return shapes
+
+
 def index_ranges(graph: Graph) -> dict[str, int]:
     """For each integer input that feeds an index op (possibly through views), the
     exclusive upper bound of valid values (the smallest over its uses)."""
-    shapes: dict[str, tuple[int, ...]] = {i.name: i.shape for i in graph.inputs}
-    shapes.update({c.name: c.shape for c in graph.constants})
+    shapes = _shapes(graph)
     origin = {i.name: i.name for i in graph.inputs if not i.dtype.is_floating_point}
-    for node in graph.nodes:
-        if isinstance(node.meta, TensorMeta):
-            shapes[node.name] = node.meta.shape
 
     def shape_of(ref: Ref) -> tuple[int, ...] | None:
         return shapes.get(ref.name)
@@ -132,8 +136,7 @@ def weight_scales(graph: Graph) -> dict[str, float]:
     of that size). Drawn standard normal, each of a deep network's layers multiplies
     activations and gradients by about sqrt(fan in): a 6-layer GPT-2's bf16 backward
     overflowed on such inputs, eager included, and verification compared infinities."""
-    shapes: dict[str, tuple[int, ...]] = {i.name: i.shape for i in graph.inputs}
-    shapes.update({n.name: n.meta.shape for n in graph.nodes if isinstance(n.meta, TensorMeta)})
+    shapes = _shapes(graph)
     origin = {i.name: i.name for i in graph.inputs if i.dtype.is_floating_point}
     fan_in: dict[str, int] = {}
     for node in graph.nodes:
