@@ -90,12 +90,6 @@ def workers() -> int:
 _modules: dict[str, Any] = {}
 
 
-def _init_worker() -> None:
-    # Before Triton is imported here: under the interpreter, Triton's own @jit helpers
-    # (tl.max, tl.sum) are interpreted functions and nothing lowers for a GPU.
-    os.environ.pop("TRITON_INTERPRET", None)
-
-
 def _warm() -> int:
     """Pay, before the first job, what a worker's first compile costs once: Triton's import
     and its own cache key (a hash of its sources and its ~500 MB library, which every
@@ -253,7 +247,6 @@ def _serve(fd: int) -> None:
 
     answers = os.fdopen(fd, "w")
     os.dup2(2, 1)
-    _init_worker()
     try:
         _warm()
     except Exception as exc:  # noqa: BLE001 - each job then reports what is wrong
@@ -278,6 +271,8 @@ class _Worker:
 
     def __init__(self) -> None:
         read, write = os.pipe()
+        # Without TRITON_INTERPRET: under the interpreter, Triton's own @jit helpers (tl.max,
+        # tl.sum) are interpreted functions and nothing lowers for a GPU.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         try:
             self.process = subprocess.Popen(
