@@ -17,9 +17,13 @@ from torch import fx, nn
 
 
 class SeedMLP(nn.Module):
-    def __init__(self) -> None:
+    """The seed model: Linear(128,256)-ReLU-Linear(256,10); the examples' CPU tests pass
+    smaller sizes."""
+
+    def __init__(self, d_in: int = 128, d_hidden: int = 256, d_out: int = 10) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 10))
+        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(),
+                                 nn.Linear(d_hidden, d_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

@@ -1,5 +1,6 @@
-"""Models used by the examples (and by the client tests): the seed MLP and a small GPT
-built from BENCH.md's gpt_block (`bench.cases.GPTBlock`).
+"""Models used by the examples (and by the client tests): the seed MLP
+(`bench.cases.SeedMLP`) and a small GPT built from BENCH.md's gpt_block
+(`bench.cases.GPTBlock`).
 
 Deterministic given a seed; sizes are arguments so the CPU tests (Triton interpreter) can
 keep them tiny while the GPU benchmark uses BENCH.md's gpt_block shapes.
@@ -13,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# BENCH.md's gpt_block, as the benchmarks and the compiler's corpus define it.
+# BENCH.md's gpt_block and the seed MLP, as the benchmarks and the compiler's corpus define them.
 from bench.cases import GPTBlock as Block
+from bench.cases import SeedMLP
 
 __all__ = ["GPT", "Block", "GPTConfig", "SeedMLP", "gpt_batches", "not_through_kiln", "train",
            "verdict"]
@@ -49,18 +51,6 @@ def not_through_kiln(stats: dict[str, float]) -> str | None:
     if not stats.get("builds", 0):
         return "no graph was built by kiln (was torch.compile bypassed?)"
     return None
-
-
-class SeedMLP(nn.Module):
-    """The seed model: Linear(128,256)-ReLU-Linear(256,10)."""
-
-    def __init__(self, d_in: int = 128, d_hidden: int = 256, d_out: int = 10) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(),
-                                 nn.Linear(d_hidden, d_out))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
 
 
 @dataclass(frozen=True)
