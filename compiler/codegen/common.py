@@ -85,6 +85,11 @@ def cast(op: object, dtype: torch.dtype) -> str:
     raise Unsupported(f"operand {op!r} is neither a tensor nor a number")
 
 
+def norm_dim(dim: int, rank: int) -> int:
+    """A dim argument (possibly negative) as an index into a shape of `rank` dims."""
+    return dim + rank if dim < 0 else dim
+
+
 def paren(expr: str) -> str:
     """`expr` safe to use as an operand."""
     if expr.isidentifier() or expr.lstrip("-").isdigit() and not expr.startswith("-"):

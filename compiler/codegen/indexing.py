@@ -19,16 +19,13 @@ from compiler.codegen.common import (
     cast,
     compute_dtype,
     literal,
+    norm_dim,
     paren,
 )
 from compiler.codegen.writer import Writer
 from compiler.ir import base_name, meta
 
 IndexRule = Callable[[Writer, fx.Node, Index, str], str]
-
-
-def _norm(dim: int, rank: int) -> int:
-    return dim + rank if dim < 0 else dim
 
 
 def _and(w: Writer, mask: str, cond: str) -> str:
@@ -38,13 +35,13 @@ def _and(w: Writer, mask: str, cond: str) -> str:
 def _gather(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
     out = meta(node)
     cd = compute_dtype(out.dtype)
-    src, dim, index = node.args[0], _norm(node.args[1], len(out.shape)), node.args[2]
+    src, dim, index = node.args[0], norm_dim(node.args[1], len(out.shape)), node.args[2]
     i = w.value(index, broadcast_index(idx, out.shape, meta(index).shape), mask)
     return cast(Var(w.value(src, idx[:dim] + (i,) + idx[dim + 1:], mask), cd), cd)
 
 
 def _index_select(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
-    src, dim, index = node.args[0], _norm(node.args[1], len(meta(node).shape)), node.args[2]
+    src, dim, index = node.args[0], norm_dim(node.args[1], len(meta(node).shape)), node.args[2]
     i = w.value(index, (idx[dim],) if meta(index).shape else (), mask)
     return w.value(src, idx[:dim] + (i,) + idx[dim + 1:], mask)
 
@@ -77,7 +74,7 @@ def _cat(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
     cd = compute_dtype(out.dtype)
     args = node.args
     tensors = [t for t in args[0] if meta(t).numel > 0 or len(meta(t).shape) == len(out.shape)]
-    dim = _norm(args[1] if len(args) > 1 else 0, len(out.shape))
+    dim = norm_dim(args[1] if len(args) > 1 else 0, len(out.shape))
     pieces, start = [], 0
     for t in tensors:
         size = meta(t).shape[dim]
@@ -115,7 +112,7 @@ def _constant_pad_nd(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
 def _flip(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
     out = meta(node)
     cd = compute_dtype(out.dtype)
-    dims = {_norm(d, len(out.shape)) for d in node.args[1]}
+    dims = {norm_dim(d, len(out.shape)) for d in node.args[1]}
     sub = tuple(f"{out.shape[d] - 1} - {paren(e)}" if d in dims and out.shape[d] > 1 else e
                 for d, e in enumerate(idx))
     return cast(Var(w.value(node.args[0], sub, mask), cd), cd)
@@ -124,7 +121,7 @@ def _flip(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
 def _scatter_position(node: fx.Node, idx: Index) -> tuple[str, Index]:
     """(condition, index into src) of a slice_scatter/select_scatter element at `idx`."""
     args, out = node.args, meta(node)
-    dim = _norm(args[2] if len(args) > 2 else 0, len(out.shape))
+    dim = norm_dim(args[2] if len(args) > 2 else 0, len(out.shape))
     size = out.shape[dim]
     if base_name(node) == "select_scatter":
         index = args[3] + size if args[3] < 0 else args[3]

@@ -15,6 +15,7 @@ from compiler.codegen.common import (
     Unsupported,
     broadcast_index,
     linear_expr,
+    norm_dim,
     paren,
     reshape_index,
 )
@@ -23,19 +24,15 @@ from compiler.ir import base_name, meta
 ViewRule = Callable[[fx.Node, Index], tuple[fx.Node, Index]]
 
 
-def _norm(dim: int, rank: int) -> int:
-    return dim + rank if dim < 0 else dim
-
-
 def _split_piece(split: fx.Node, i: int) -> tuple[int, int, int]:
     """(dim, start, size) of piece i of a split/unbind node."""
     inp = meta(split.args[0])
     name = base_name(split)
     rank = len(inp.shape)
     if name == "unbind":
-        dim = _norm(split.args[1] if len(split.args) > 1 else 0, rank)
+        dim = norm_dim(split.args[1] if len(split.args) > 1 else 0, rank)
         return dim, i, 0
-    dim = _norm(split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0), rank)
+    dim = norm_dim(split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0), rank)
     if name == "split_with_sizes":
         sizes = list(split.args[1])
     else:
@@ -78,7 +75,7 @@ def _permute(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
     rank = len(meta(src).shape)
     result = ["0"] * rank
     for k, d in enumerate(node.args[1]):
-        result[_norm(d, rank)] = idx[k]
+        result[norm_dim(d, rank)] = idx[k]
     return src, tuple(result)
 
 
@@ -88,14 +85,14 @@ def _reverse(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
 
 def _transpose(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
     src = node.args[0]
-    d0, d1 = (_norm(d, len(meta(src).shape)) for d in node.args[1:3])
+    d0, d1 = (norm_dim(d, len(meta(src).shape)) for d in node.args[1:3])
     result = list(idx)
     result[d0], result[d1] = idx[d1], idx[d0]
     return src, tuple(result)
 
 
 def _unsqueeze(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
-    d = _norm(node.args[1], len(meta(node).shape))
+    d = norm_dim(node.args[1], len(meta(node).shape))
     return node.args[0], idx[:d] + idx[d + 1:]
 
 
@@ -106,7 +103,7 @@ def _squeeze(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
         removed = set(range(len(inp.shape)))
     else:
         dims = node.args[1] if isinstance(node.args[1], (list, tuple)) else [node.args[1]]
-        removed = {_norm(d, max(len(inp.shape), 1)) for d in dims}
+        removed = {norm_dim(d, max(len(inp.shape), 1)) for d in dims}
     result, it = [], iter(idx)
     for d, size in enumerate(inp.shape):
         result.append("0" if size == 1 and d in removed else next(it))
@@ -116,7 +113,7 @@ def _squeeze(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
 def _slice(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
     src = node.args[0]
     inp = meta(src)
-    dim = _norm(node.args[1] if len(node.args) > 1 else 0, len(inp.shape))
+    dim = norm_dim(node.args[1] if len(node.args) > 1 else 0, len(inp.shape))
     start = node.args[2] if len(node.args) > 2 else 0
     step = node.args[4] if len(node.args) > 4 else 1
     start = 0 if start is None else start
@@ -130,7 +127,7 @@ def _slice(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
 def _select(node: fx.Node, idx: Index) -> tuple[fx.Node, Index]:
     src = node.args[0]
     inp = meta(src)
-    dim = _norm(node.args[1], len(inp.shape))
+    dim = norm_dim(node.args[1], len(inp.shape))
     index = node.args[2]
     index = index + inp.shape[dim] if index < 0 else index
     return src, idx[:dim] + (str(index),) + idx[dim:]
