@@ -137,6 +137,7 @@ class GraphRunner:
         self.copied: set[int] = set()  # bases whose outputs are copied out
         self.copy_outputs: set[int] = set()  # outputs a caller kept: copied from then on
         self.handed: list[int] = []  # bases a replay returns without copying
+        self.copy_at: list[int] = []  # outputs a replay copies out (their bases are copied)
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         """Replay (or capture); None means: run this call without a graph."""
@@ -228,6 +229,8 @@ class GraphRunner:
         if not hasattr(torch._C, "_storage_Use_Count"):  # no way to tell: copy them all out
             self.copied = set(range(len(self.bases)))
         self.handed = [k for k in range(len(self.bases)) if k not in self.copied]
+        self.copy_at = [j for j, out in enumerate(self.layout)
+                        if type(out) is _Out and out.base in self.copied]
         del outputs  # the bases alone hold the graph's output memory now
         # Keep the static copies only: holding an input read in place (a forward's output)
         # would look like a caller holding it to the graph that made it.
@@ -263,17 +266,14 @@ class GraphRunner:
 
     def _outputs(self, inputs: Sequence[Any]) -> Any:
         views: list[Any] = []
-        copy: list[int] = []
-        for j, out in enumerate(self.layout):
+        for out in self.layout:
             if type(out) is not _Out:
                 views.append(out)
-                continue
-            if out.base < 0:
+            elif out.base < 0:
                 views.append(inputs[out.input].as_strided(out.size, out.stride, out.offset))
-                continue
-            views.append(self.bases[out.base].as_strided(out.size, out.stride, out.offset))
-            if out.base in self.copied:
-                copy.append(j)
+            else:
+                views.append(self.bases[out.base].as_strided(out.size, out.stride, out.offset))
+        copy = self.copy_at
         if copy:
             for j, value in zip(copy, _copy_out([views[j] for j in copy]), strict=True):
                 views[j] = value
