@@ -53,7 +53,9 @@ WORKERS = Gauge("kiln_workers_alive", "Workers with a recent heartbeat", ["devic
 JOB_SECONDS = Histogram("kiln_job_seconds", "Time a job stage took, from claim to end",
                         ["stage", "outcome"], buckets=_DURATIONS, registry=REGISTRY)
 STEP_SECONDS = Histogram("kiln_step_seconds", "Time of one step of a job: build (lower, fuse, "
-                         "generate), target_compile (compile for the target's GPU), tune",
+                         "generate, check, and the target_compile inside it), target_compile "
+                         "(compile for the target's GPU, in a build or a tune job), tune (search "
+                         "and its target_compile)",
                          ["step"], buckets=_DURATIONS, registry=REGISTRY)
 STEPS = ("build", "target_compile", "tune")
 
