@@ -20,7 +20,7 @@ from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.ops import VIEWS
-from compiler.runtime import compile_pool, cudagraphs
+from compiler.runtime import compile_pool, cudagraphs, static_launch
 from compiler.runtime.execution import (
     Args,
     AtenMatmul,
@@ -223,8 +223,10 @@ class Built:
         for the CUDA `device` without launching anything, so that the first call pays for
         none of it; returns how many launches it prepared (0 on the CPU, where kernels are
         interpreted). The distinct kernels compile in parallel in the compile workers
-        (compiler/runtime/compile_pool.py); this thread only loads them. Raises what Triton raises
-        for a kernel that does not compile (CompileCrash for one that kills the compiler)."""
+        (compiler/runtime/compile_pool.py); this thread only loads them, with torch's static
+        launcher where Triton would build a C launcher per kernel (static_launch.py). Raises
+        what Triton raises for a kernel that does not compile (CompileCrash for one that
+        kills the compiler)."""
         device = torch.device(device)
         if device.type != "cuda":
             return 0
@@ -232,15 +234,14 @@ class Built:
         if any(is_interpreted(info.fn) for info in infos):
             return 0
         with torch.cuda.device(device):
-            compile_pool.compile_ahead(self._compile_jobs(infos))
+            compile_pool.compile_ahead(self._compile_jobs(infos),
+                                       launchers=not static_launch.available())
             for info in infos:
                 # Dtypes stand for tensors (Triton's MockTensor: 16-byte aligned pointers,
                 # which is what the caching allocator hands out).
                 kernel = info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs,
                                         **info.options)
-                load = getattr(kernel, "_init_handles", None)
-                if load is not None:  # module and launcher load, otherwise lazy
-                    load()
+                static_launch.load(kernel)  # module and launcher now, otherwise lazy
         return len(infos)
 
     def _compile_jobs(self, infos: list[LaunchInfo]) -> list[compile_pool.CompileJob]:

@@ -701,16 +701,20 @@ def _with_launchers(jobs: list[CompileJob], todo: list[CompileJob]) -> list[tupl
     return send
 
 
-def compile_ahead(jobs: list[CompileJob]) -> int:
+def compile_ahead(jobs: list[CompileJob], launchers: bool = True) -> int:
     """Compile `jobs` in the shared pool, so that loading them afterwards hits Triton's
     cache; how many compiled there. Jobs whose binaries Triton's cache holds, or this
     thread's binary source provides (`binary_source`), are not compiled. Where Triton
-    builds a C launcher per kernel signature (`per_kernel_launchers`), the workers build
-    those too, for cached binaries as well, so that loading compiles nothing. Raises
+    builds a C launcher per kernel signature (`per_kernel_launchers`) and `launchers` is
+    true (the loading thread will not launch them through torch's static launcher), the
+    workers build those too, for cached binaries as well, so that loading compiles nothing. Raises
     CompileCrash naming a kernel that kills the compiler; other failures are left for the
     building thread to compile (and report)."""
     todo = _not_cached(jobs)
-    send = _with_launchers(jobs, todo) if per_kernel_launchers() else [(j, True) for j in todo]
+    if launchers and per_kernel_launchers():
+        send = _with_launchers(jobs, todo)
+    else:
+        send = [(replace(j, launcher=False), True) for j in todo]
     pool = shared()
     if pool is None or len(send) < 2:  # one kernel compiles as fast here
         return 0

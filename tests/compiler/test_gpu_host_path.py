@@ -103,3 +103,32 @@ def test_training_with_cuda_graphs_matches_eager(keep: bool, set_to_none: bool,
         backend.shutdown()
         kiln.configure(reset=True)
         torch._dynamo.reset()
+
+
+def _weighted(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    total = sum(x * (i + 1) for i, x in enumerate(xs))
+    return torch.relu(total), total.sum(-1)
+
+
+def test_precompiled_kernels_launch_through_the_static_launcher(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Where Triton builds a C launcher per kernel signature (3.6), precompiled kernels
+    launch through torch's static launcher instead: none is built, and a kernel with many
+    arguments (14 inputs, ragged sizes) gives eager's results through the JIT's first call,
+    the direct launches after it and a CUDA graph."""
+    from compiler.runtime import static_launch
+
+    if not static_launch.available():
+        pytest.skip("this Triton launches every kernel with one launcher")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    xs = [torch.randn(333, 77, device="cuda") for _ in range(14)]
+    built = compiler.build(trace(_weighted, *xs), None, xs)
+    assert built.precompile("cuda") == len(built.launches()) > 0
+    device = torch.cuda.current_device()
+    loaded = [k for info in built.launches() for k in info.fn.device_caches[device][0].values()]
+    assert loaded and all(isinstance(k._run, static_launch.StaticLauncher) for k in loaded)
+    want = _weighted(*xs)
+    for _ in range(4):  # JIT (record), direct, CUDA graph capture, replay
+        assert_matches(built(*xs), want, (1e-4, 1e-4))
+    assert not [p.name for p in tmp_path.rglob("*") if "launcher" in p.name]
