@@ -96,7 +96,9 @@ def _start_compile_workers() -> None:
     """Once per process, on a thread of its own (starting 16 processes takes ~0.1 s): start
     Triton's compile workers (compiler/runtime/compile_pool.py) while AOTAutograd traces, so
     that they are ready when the first graph's kernels compile, then pay what loading the
-    first kernel here costs once (`prepare_loading`)."""
+    first kernel here costs once (`prepare_loading`). Before it, Triton's CUDA driver is
+    made one that builds its C utility module only if something needs it (kernels that
+    launch through torch's static launcher do not: compiler/runtime/static_launch.py)."""
     if not torch.cuda.is_available():
         return
     global _preparing
@@ -104,6 +106,12 @@ def _start_compile_workers() -> None:
         if _preparing is not None:
             return
         _preparing = threading.Thread(target=_prepare, name="kiln-prepare", daemon=True)
+    try:  # before anything here makes Triton's driver (the thread's first step does)
+        from compiler.runtime import static_launch
+
+        static_launch.lazy_driver()
+    except Exception as exc:  # noqa: BLE001 - Triton's own driver then, as without it
+        log.debug("kiln: no lazy Triton driver: %s: %s", type(exc).__name__, exc)
     _preparing.start()
 
 

@@ -233,6 +233,7 @@ class Built:
         infos = self.launches()
         if any(is_interpreted(info.fn) for info in infos):
             return 0
+        static_launch.lazy_driver()  # where nothing made Triton's driver yet
         with torch.cuda.device(device):
             compile_pool.compile_ahead(self._compile_jobs(infos),
                                        launchers=not static_launch.available())

@@ -451,9 +451,11 @@ def start() -> None:
 def prepare_loading() -> None:
     """Pay, ahead of the first precompile, what loading this process's first kernel costs
     once: Triton's cache key of itself (`triton_key`, a hash of its ~500 MB library) and
-    its CUDA driver's utility module (which Triton builds with the C compiler when its
-    cache lacks it). The client runs this on a thread of its own while the first graph is
-    traced; raises what Triton raises without a CUDA device."""
+    its CUDA driver (which builds a utility module with the C compiler when Triton's cache
+    lacks it, unless it is `static_launch.lazy_driver`'s, which defers that to a use that
+    kernels launched through torch's static launcher never make). The client runs this on
+    a thread of its own while the first graph is traced; raises what Triton raises without
+    a CUDA device."""
     from triton.runtime.cache import triton_key
     from triton.runtime.driver import driver
 

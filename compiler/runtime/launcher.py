@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from compiler.runtime.execution import AtenMatmul, Call, Launch, Slot, _poison, is_interpreted
+from compiler.runtime.static_launch import hook_set
 
 log = logging.getLogger(__name__)
 
@@ -604,13 +605,9 @@ def _direct_globals(fallback: RunFn) -> dict[str, Any]:
     from triton.runtime.driver import driver
 
     def hooked() -> bool:
-        """Whether a launch hook is set (Triton 3.6 and 3.9 keep them in HookChains, empty
-        unless a profiler adds one; a plain callable counts as set)."""
+        """Whether a launch hook is set (a profiler's)."""
         runtime = knobs.runtime
-        for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
-            if hook is not None and (not hasattr(hook, "calls") or hook.calls):
-                return True
-        return False
+        return hook_set(runtime.launch_enter_hook) or hook_set(runtime.launch_exit_hook)
 
     active = driver.active
     return {"hooked": hooked, "current_device": active.get_current_device,

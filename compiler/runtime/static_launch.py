@@ -8,11 +8,13 @@ service. PyTorch ships one launcher for every Triton kernel, already compiled in
 (`torch._C._StaticCudaLauncher`, what Inductor launches its own kernels with): it takes the
 kernel's CUfunction, launch size and a string of argument types.
 
-`load(kernel)` loads a `CompiledKernel` as Triton does (`_init_handles`: module, function,
-resource checks, load hooks), with a `StaticLauncher` in place of the C launcher when the
-kernel is one it launches exactly as Triton would (`refusal` says why not otherwise: tensor
-descriptors, tuple arguments, half-precision scalars, scratch memory, clusters, cooperative
-or programmatic launches). A `StaticLauncher` is called the way Triton calls its own
+`load(kernel)` loads a `CompiledKernel`'s cubin with torch's launcher and gives it a
+`StaticLauncher` in place of the C launcher when the kernel is one it launches exactly as
+Triton would (`refusal` says why not otherwise: tensor descriptors, tuple arguments,
+half-precision scalars, scratch memory, clusters, cooperative or programmatic launches);
+Triton loads the others. Triton's CUDA driver also builds a C module of utilities (its
+binary loader among them) when it is made; `lazy_driver` defers that to its first use,
+which kernels `load` loads never make. A `StaticLauncher` is called the way Triton calls its own
 (`CudaLauncher.__call__`: grid, stream, function, packed metadata, launch metadata and hooks,
 then every kernel argument, constexprs included), so Triton's JIT and kiln's generated graph
 launchers (compiler/runtime/launcher.py) launch it unchanged.
@@ -38,7 +40,7 @@ _SCALARS = {
     "fp32": "f", "f32": "f", "fp64": "d",
 }
 
-_swap_lock = threading.Lock()
+_driver_lock = threading.Lock()
 
 
 def available() -> bool:
@@ -122,31 +124,80 @@ class StaticLauncher:
 
 
 def load(kernel: Any) -> None:
-    """Load a `CompiledKernel` (module, function, checks) so that it launches with a
-    `StaticLauncher` where `available` and the kernel allows (`refusal`), and with
-    Triton's own launcher otherwise; a kernel loaded already is left as it is."""
+    """Load a `CompiledKernel` so that it launches with a `StaticLauncher` where `available`
+    and the kernel allows (`refusal`): its cubin loaded by torch's static launcher, what
+    Triton's `_init_handles` sets filled in (module, function, registers, spills, launcher),
+    so that neither Triton's launcher nor its driver's C utility module is built. Otherwise,
+    or with a Triton kernel-load hook set (a profiler), Triton loads it. A kernel loaded
+    already is left as it is."""
     init = getattr(kernel, "_init_handles", None)
     if init is None or getattr(kernel, "module", None) is not None:
         return
-    if not available() or refusal(kernel.src, kernel.metadata) is not None:
+    if not available() or refusal(kernel.src, kernel.metadata) is not None or _load_hooked():
         init()
+        return
+    import torch
+
+    device = torch.cuda.current_device()
+    cubin = kernel.metadata_group.get(f"{kernel.name}.cubin")
+    limit = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    if cubin is None or kernel.metadata.shared > limit:
+        init()  # Triton's load raises its own error for a kernel that does not fit
+        return
+    loaded = torch._C._StaticCudaLauncher._load_kernel(cubin, kernel.name, kernel.metadata.shared,
+                                                      device)
+    # torch 2.11 returns (module, function, registers, spills); older ones lack the module
+    module, function, n_regs, n_spills = loaded if len(loaded) == 4 else (loaded[0], *loaded)
+    kernel.n_regs, kernel.n_spills = n_regs, n_spills
+    kernel.n_max_threads = kernel.metadata.num_warps * 32
+    kernel.function = function
+    kernel._run = StaticLauncher(kernel.src, kernel.metadata)
+    kernel.module = module  # last: a kernel with a module counts as loaded
+
+
+def hook_set(hook: Any) -> bool:
+    """Whether a Triton hook is set: Triton 3.6 and 3.9 keep hooks in HookChains, empty
+    unless a profiler adds one; a plain callable counts as set."""
+    return hook is not None and (not hasattr(hook, "calls") or bool(hook.calls))
+
+
+def _load_hooked() -> bool:
+    from triton import knobs
+
+    runtime = knobs.runtime
+    return hook_set(getattr(runtime, "kernel_load_start_hook", None)) or hook_set(
+        getattr(runtime, "kernel_load_end_hook", None))
+
+
+def lazy_driver() -> None:
+    """Where Triton's CUDA driver is not made yet and `available`, make the active one a
+    CUDA driver that builds its C utility module (`CudaUtils`: ~1 s of the C compiler on a
+    machine whose Triton cache lacks it) only when something uses it. Kernels loaded by
+    `load` never do: a fresh machine loading a service hit's binaries runs no C compiler.
+    Everything else the driver does is Triton's own."""
+    if not available():
         return
     from triton.runtime.driver import driver
 
-    active = driver.active
-    with _swap_lock:
-        # Triton makes the launcher inside `_init_handles` from the driver's class; for the
-        # call, that class is one that makes ours (it makes Triton's for any other kernel a
-        # thread loads meanwhile: `refusal` decides per kernel).
-        original = active.launcher_cls
+    with _driver_lock:
+        if getattr(driver, "_active", None) is not None or getattr(driver, "_default", None) is not None:
+            return
+        driver.set_active(_lazy_driver_class()())
 
-        def make(src: Any, metadata: Any) -> Any:
-            if refusal(src, metadata) is None:
-                return StaticLauncher(src, metadata)
-            return original(src, metadata)
 
-        active.launcher_cls = make
-        try:
-            init()
-        finally:
-            active.launcher_cls = original
+def _lazy_driver_class() -> type:
+    import functools
+
+    from triton.backends.driver import GPUDriver
+    from triton.backends.nvidia.driver import CudaDriver, CudaLauncher, CudaUtils
+
+    class LazyUtilsCudaDriver(CudaDriver):
+        def __init__(self) -> None:  # CudaDriver's, less the eager `CudaUtils()`
+            self.launcher_cls = CudaLauncher
+            GPUDriver.__init__(self)
+
+        @functools.cached_property
+        def utils(self) -> Any:
+            return CudaUtils()
+
+    return LazyUtilsCudaDriver

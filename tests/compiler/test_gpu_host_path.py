@@ -132,3 +132,28 @@ def test_precompiled_kernels_launch_through_the_static_launcher(
     for _ in range(4):  # JIT (record), direct, CUDA graph capture, replay
         assert_matches(built(*xs), want, (1e-4, 1e-4))
     assert not [p.name for p in tmp_path.rglob("*") if "launcher" in p.name]
+
+
+def test_a_fresh_process_loads_and_launches_kernels_without_the_c_compiler(tmp_path) -> None:
+    """On an empty Triton cache, a fresh process whose kernels come compiled (here by the
+    compile workers; on a service hit, from the service) builds no shared library at all
+    where kernels launch through torch's static launcher: neither a launcher per signature
+    nor Triton's driver utility module (`static_launch.lazy_driver`)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+           "KILN_KERNEL_DIR": str(tmp_path / "kernels"), "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-m", "tests.compiler.fresh_load_gpu"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"]
+    if not result["static"]:
+        pytest.skip("this Triton launches every kernel with one launcher")
+    assert result["launchers"] == ["StaticLauncher"]
+    assert result["libraries"] == []

@@ -99,50 +99,106 @@ def test_a_kiln_kernel_specialised_for_sm90_has_a_plan_matching_its_launch() -> 
         assert all(signature[n] == "constexpr" for n in spec.constexprs if n in signature)
 
 
-class _Driver:
-    def __init__(self) -> None:
-        self.launcher_cls = lambda src, meta: ("triton's", src.signature)
-
-
 class _Kernel:
-    def __init__(self, driver: _Driver, signature: dict, **fields: object) -> None:
-        self.driver, self.src, self.metadata, self.module = driver, _src(signature), _meta(**fields), None
-        self._run = None
+    """What `static_launch.load` reads and writes of Triton's CompiledKernel."""
 
-    def _init_handles(self) -> None:  # what Triton's does with the launcher class
-        self._run = self.driver.launcher_cls(self.src, self.metadata)
-        self.module = "loaded"
+    def __init__(self, signature: dict, **fields: object) -> None:
+        self.src, self.metadata, self.module, self._run = _src(signature), _meta(**fields), None, None
+        self.name, self.function, self.inits = "fused_k", None, 0
+        self.metadata_group = {"fused_k.cubin": "/cache/fused_k.cubin", "fused_k.json": "/j"}
+
+    def _init_handles(self) -> None:  # Triton's own load
+        self.inits += 1
+        self.module, self._run = "triton's module", "triton's launcher"
 
 
-def _with_driver(monkeypatch, available: bool) -> _Driver:
+class _Loader(_FakeStatic):
+    loads: list[tuple] = []
+
+    @staticmethod
+    def _load_kernel(*args: object) -> tuple:
+        _Loader.loads.append(args)
+        return ("module", 0xF00, 40, 0)
+
+
+def _static_here(monkeypatch, available: bool = True) -> None:
+    monkeypatch.setattr(static_launch, "available", lambda: available)
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", _Loader, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(shared_memory_per_block_optin=232448))
+    _Loader.loads = []
+
+
+def test_load_loads_the_cubin_with_torch_and_launches_with_the_static_launcher(monkeypatch) -> None:
+    _static_here(monkeypatch)
+    kernel = _Kernel({"x": "*fp32", "n": "i32"}, shared=4096, num_warps=8)
+    static_launch.load(kernel)
+    assert _Loader.loads == [("/cache/fused_k.cubin", "fused_k", 4096, 0)]
+    assert kernel.inits == 0 and kernel.module == "module" and kernel.function == 0xF00
+    assert (kernel.n_regs, kernel.n_spills, kernel.n_max_threads) == (40, 0, 256)
+    assert isinstance(kernel._run, static_launch.StaticLauncher)
+    static_launch.load(kernel)  # loaded already: untouched
+    assert len(_Loader.loads) == 1
+
+
+@pytest.mark.parametrize("signature,fields", [
+    ({"x": "*fp32", "s": "fp16"}, {}),  # refused: Triton's launcher packs half scalars
+    ({"x": "*fp32"}, {"shared": 300_000}),  # more than the device has: Triton raises
+])
+def test_kernels_the_static_path_does_not_take_load_through_triton(
+        monkeypatch, signature: dict, fields: dict) -> None:
+    _static_here(monkeypatch)
+    kernel = _Kernel(signature, **fields)
+    static_launch.load(kernel)
+    assert kernel.inits == 1 and kernel._run == "triton's launcher" and _Loader.loads == []
+
+
+def test_without_the_static_launcher_or_with_a_load_hook_triton_loads(monkeypatch) -> None:
+    from triton import knobs
+
+    _static_here(monkeypatch, available=False)
+    kernel = _Kernel({"x": "*fp32"})
+    static_launch.load(kernel)
+    assert kernel.inits == 1
+    _static_here(monkeypatch)
+    monkeypatch.setattr(knobs.runtime, "kernel_load_start_hook", lambda *a: None)
+    hooked = _Kernel({"x": "*fp32"})
+    static_launch.load(hooked)
+    assert hooked.inits == 1 and _Loader.loads == []
+
+
+def test_the_lazy_driver_builds_tritons_utility_module_on_first_use_only(monkeypatch) -> None:
+    import triton.backends.nvidia.driver as nvidia
     from triton.runtime.driver import driver
 
-    fake = _Driver()
-    monkeypatch.setattr(driver, "_active", fake)
-    monkeypatch.setattr(static_launch, "available", lambda: available)
-    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", _FakeStatic, raising=False)
-    return fake
+    built = []
+    monkeypatch.setattr(nvidia, "CudaUtils", lambda: built.append(1) or "utils")
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.setattr(driver, "_default", None)
+    monkeypatch.setattr(static_launch, "available", lambda: True)
+    static_launch.lazy_driver()
+    made = driver._active
+    assert isinstance(made, nvidia.CudaDriver) and made.launcher_cls is nvidia.CudaLauncher
+    assert made.get_current_device is torch.cuda.current_device and built == []
+    assert made.utils == "utils" and made.utils == "utils" and built == [1]
+    static_launch.lazy_driver()  # a driver exists: left alone
+    assert driver._active is made
 
 
-def test_load_swaps_the_launcher_class_for_the_call_only(monkeypatch) -> None:
-    fake = _with_driver(monkeypatch, True)
-    original = fake.launcher_cls
-    kernel = _Kernel(fake, {"x": "*fp32", "n": "i32"})
-    static_launch.load(kernel)
-    assert isinstance(kernel._run, static_launch.StaticLauncher) and kernel.module == "loaded"
-    assert fake.launcher_cls is original
-    refused = _Kernel(fake, {"x": "*fp32", "s": "fp16"})
-    static_launch.load(refused)
-    assert refused._run == ("triton's", {"x": "*fp32", "s": "fp16"})
-    static_launch.load(kernel)  # loaded already: untouched
-    assert isinstance(kernel._run, static_launch.StaticLauncher)
+def test_no_lazy_driver_where_triton_made_its_own_or_static_launch_is_off(monkeypatch) -> None:
+    from triton.runtime.driver import driver
 
-
-def test_without_the_static_launcher_kernels_load_with_tritons(monkeypatch) -> None:
-    fake = _with_driver(monkeypatch, False)
-    kernel = _Kernel(fake, {"x": "*fp32"})
-    static_launch.load(kernel)
-    assert kernel._run == ("triton's", {"x": "*fp32"})
+    monkeypatch.setattr(static_launch, "available", lambda: True)
+    own = object()
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.setattr(driver, "_default", own)
+    static_launch.lazy_driver()
+    assert driver._active is None
+    monkeypatch.setattr(driver, "_default", None)
+    monkeypatch.setattr(static_launch, "available", lambda: False)
+    static_launch.lazy_driver()
+    assert driver._active is None
 
 
 def test_available_needs_per_signature_launchers_a_static_launcher_and_no_opt_out(
