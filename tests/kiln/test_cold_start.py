@@ -46,12 +46,24 @@ def test_workers_start_and_the_loader_is_prepared_once_per_process(monkeypatch) 
 
     monkeypatch.setattr(compile_pool, "prepare_loading", prepare)
     monkeypatch.setattr(backend, "_preparing", None)
-    backend._start_compile_workers()
-    backend._start_compile_workers()
+    backend._start_compile_workers(expect_binaries=False)
+    backend._start_compile_workers(expect_binaries=False)
     assert prepared.wait(10)
     backend._preparing.join(10)
     assert started == ["kiln-prepare"] and calls == ["kiln-prepare"]  # off the tracing thread, once
     assert "seconds:prepare" in kiln.stats()
+
+
+def test_with_a_service_to_load_binaries_from_workers_wait_for_a_compile(monkeypatch) -> None:
+    started, prepared = [], threading.Event()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compile_pool, "start", lambda: started.append(1))
+    monkeypatch.setattr(compile_pool, "prepare_loading", prepared.set)
+    monkeypatch.setattr(backend, "_preparing", None)
+    backend._start_compile_workers(expect_binaries=True)
+    assert prepared.wait(10)
+    backend._preparing.join(10)
+    assert started == []  # compile_ahead starts workers when a kernel is to be compiled
 
 
 def test_workers_that_cannot_start_are_warned_and_the_loader_is_not_prepared(
@@ -66,7 +78,7 @@ def test_workers_that_cannot_start_are_warned_and_the_loader_is_not_prepared(
     monkeypatch.setattr(compile_pool, "prepare_loading", lambda: prepared.append(1))
     monkeypatch.setattr(backend, "_preparing", None)
     with caplog.at_level("WARNING", logger="kiln"):
-        backend._start_compile_workers()
+        backend._start_compile_workers(expect_binaries=False)
         backend._preparing.join(10)
     assert "compile workers did not start (OSError: no processes left)" in caplog.text
     assert not prepared
@@ -81,7 +93,7 @@ def test_a_loader_that_cannot_be_prepared_costs_nothing_but_the_try(monkeypatch)
 
     monkeypatch.setattr(compile_pool, "prepare_loading", fail)
     monkeypatch.setattr(backend, "_preparing", None)
-    backend._start_compile_workers()
+    backend._start_compile_workers(expect_binaries=False)
     backend._preparing.join(10)
     assert not backend._preparing.is_alive()
 
