@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from compiler.ir import Program, TensorMeta, base_name, check_program, op_name
 from compiler.lowering import ops
@@ -32,13 +32,15 @@ def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object]) -> Program:
     metas = [TensorMeta.of(m) if m is not None else None for m in example_meta]
     propagate_meta(gm, metas)                  # 1. dtype/shape/stride of every value
     decompose_composites(gm, origins)          # 2. layer_norm, softmax, var, ... -> primitives
-    propagate_meta(gm, metas)
+    propagate_meta(gm, metas, reuse=True)
     simplify_identities(gm)                    # 3. clone/alias/x*1/same-dtype casts vanish
     fold_constants(gm)                         # 4. small constant subgraphs evaluated now
     gm.graph.eliminate_dead_code()             # 5. dead code elimination
     split_reductions(gm, origins)              #    few outputs, many elements: two stages
     gm.recompile()
-    propagate_meta(gm, metas)
+    propagate_meta(gm, metas, reuse=True)
+    for node in gm.graph.nodes:
+        node.meta.pop("kiln_meta_key", None)  # it holds argument nodes: only for the runs above
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     steps, buffers = plan_steps(gm)            # 6. classify, realize, fuse into kernels
     program = Program(gm, steps, placeholders, origins, original_ops, buffers)
@@ -67,8 +69,13 @@ def _to_meta(value: object) -> object:
     return value
 
 
-def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None]) -> None:
-    """Run the graph on the meta device and record each node's TensorMeta (`kiln_meta`)."""
+def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
+                   reuse: bool = False) -> None:
+    """Run the graph on the meta device and record each node's TensorMeta (`kiln_meta`).
+    With `reuse`, a node that an earlier run recorded, whose op, arguments and arguments'
+    metadata are the same now, keeps its metadata without running again (the passes
+    between runs change few nodes; running every op on the meta device is most of
+    lowering's time)."""
     values: dict[fx.Node, object] = {}
     placeholders = iter(inputs)
     for node in gm.graph.nodes:
@@ -78,6 +85,11 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None]) -> N
         elif node.op == "get_attr":
             values[node] = _to_meta(_attr(gm, node.target))
         elif node.op == "call_function":
+            key = _meta_key(node)
+            kept = _recorded(node, key) if reuse else None
+            if kept is not None:
+                values[node] = kept
+                continue
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
             args, kwargs = tree_map(_meta_device, (args, kwargs))
             try:
@@ -85,12 +97,37 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None]) -> N
             except Exception as exc:  # an op the meta device cannot run: no metadata
                 raise ValueError(f"node {node.name} ({op_name(node)}): cannot infer its "
                                  f"shape ({type(exc).__name__}: {exc})") from exc
+            node.meta["kiln_meta_key"] = key
         elif node.op == "output":
             continue
         else:
             raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
         node.meta["kiln_meta"] = tree_map(
             lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else None, values[node])
+
+
+def _meta_key(node: fx.Node) -> tuple:
+    """What a node's metadata follows from: its op, and its arguments with each argument
+    node's metadata (as recorded by this run, which goes in graph order)."""
+    return node.target, fx.node.map_arg((node.args, node.kwargs),
+                                        lambda a: (a, a.meta.get("kiln_meta")))
+
+
+def _recorded(node: fx.Node, key: tuple) -> object | None:
+    """Meta values for the metadata an earlier run recorded for `node` under `key`; None
+    when there is none, the key differs, or a value is not a tensor (it is run again)."""
+    if "kiln_meta_key" not in node.meta:
+        return None
+    try:
+        if node.meta["kiln_meta_key"] != key:
+            return None
+    except Exception:  # noqa: BLE001 - an argument that does not compare: run it
+        return None
+    recorded = node.meta.get("kiln_meta")
+    leaves = tree_leaves(recorded)
+    if not leaves or not all(isinstance(m, TensorMeta) for m in leaves):
+        return None
+    return tree_map(_meta_tensor, recorded)
 
 
 def _meta_device(value: object) -> object:
