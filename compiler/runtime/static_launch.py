@@ -26,9 +26,12 @@ torch has the static launcher (CUDA builds). `KILN_STATIC_LAUNCH=off` keeps Trit
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 ENV = "KILN_STATIC_LAUNCH"
 
@@ -144,8 +147,14 @@ def load(kernel: Any) -> None:
     if cubin is None or kernel.metadata.shared > limit:
         init()  # Triton's load raises its own error for a kernel that does not fit
         return
-    loaded = torch._C._StaticCudaLauncher._load_kernel(cubin, kernel.name, kernel.metadata.shared,
-                                                      device)
+    try:
+        loaded = torch._C._StaticCudaLauncher._load_kernel(cubin, kernel.name,
+                                                          kernel.metadata.shared, device)
+    except Exception as exc:  # noqa: BLE001 - a cubin torch cannot load: Triton's load says why
+        log.debug("static launcher: %s did not load (%s: %s); Triton loads it", kernel.name,
+                  type(exc).__name__, exc)
+        init()
+        return
     # torch 2.11 returns (module, function, registers, spills); older ones lack the module
     module, function, n_regs, n_spills = loaded if len(loaded) == 4 else (loaded[0], *loaded)
     kernel.n_regs, kernel.n_spills = n_regs, n_spills

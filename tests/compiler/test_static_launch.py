@@ -154,6 +154,20 @@ def test_kernels_the_static_path_does_not_take_load_through_triton(
     assert kernel.inits == 1 and kernel._run == "triton's launcher" and _Loader.loads == []
 
 
+def test_a_cubin_torch_cannot_load_is_loaded_by_triton(monkeypatch) -> None:
+    _static_here(monkeypatch)
+
+    class Failing(_Loader):
+        @staticmethod
+        def _load_kernel(*args: object) -> tuple:
+            raise RuntimeError("CUDA driver error: file not found")
+
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", Failing, raising=False)
+    kernel = _Kernel({"x": "*fp32"})
+    static_launch.load(kernel)
+    assert kernel.inits == 1 and kernel._run == "triton's launcher"
+
+
 def test_without_the_static_launcher_or_with_a_load_hook_triton_loads(monkeypatch) -> None:
     from triton import knobs
 
