@@ -459,8 +459,28 @@ def prepare_loading() -> None:
     from triton.runtime.cache import triton_key
     from triton.runtime.driver import driver
 
-    triton_key()
+    with _short_switch_interval():
+        triton_key()
     driver.active.get_current_target()
+
+
+# While the tracing thread runs Python, a thread that hashes a file in 1 MB chunks (the GIL
+# released for each) waits up to the switch interval (5 ms) to get the GIL back after every
+# chunk: Triton's ~500 MB key took 7.7 s instead of 0.5 s on this project's CI machine,
+# 0.9 s with a 0.2 ms interval; the client's first kernel load then computes the key again.
+HASHING_SWITCH_INTERVAL = 0.0002
+
+
+@contextmanager
+def _short_switch_interval() -> Iterator[None]:
+    """The interpreter's thread switch interval at most HASHING_SWITCH_INTERVAL for the
+    block (process-wide; restored after, and never lengthened)."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, HASHING_SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
 
 
 def _forget_after_fork() -> None:

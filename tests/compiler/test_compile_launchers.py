@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from compiler.runtime import compile_pool
 from compiler.runtime.compile_pool import CompileJob
 
@@ -103,3 +105,20 @@ def test_warm_workers_have_tritons_own_cache_key() -> None:
     triton_key.cache_clear()
     compile_pool._warm()
     assert triton_key.cache_info().currsize == 1
+
+
+def test_the_loader_hashes_triton_with_a_short_switch_interval_and_restores_it(monkeypatch) -> None:
+    """Hashing Triton's library on a thread while the tracing thread runs Python is GIL
+    starved at the default 5 ms interval (`compile_pool.HASHING_SWITCH_INTERVAL`)."""
+    import sys
+
+    import triton.runtime.cache as cache
+    from triton.runtime.driver import driver
+
+    seen = []
+    monkeypatch.setattr(cache, "triton_key", lambda: seen.append(sys.getswitchinterval()))
+    monkeypatch.setattr(driver, "_active", compile_pool.StandInDriver(90))
+    before = sys.getswitchinterval()
+    compile_pool.prepare_loading()
+    assert seen == [pytest.approx(min(before, compile_pool.HASHING_SWITCH_INTERVAL))]
+    assert sys.getswitchinterval() == before
