@@ -17,7 +17,9 @@ kiln), so its first step is a cold first step. Paths:
   submitted and tuned (bench/flow.py's service and compile phase), from a fresh process with
   empty local caches: a service hit. Its first step is `kiln_hit_first_s`, the kernels it
   compiled (new binaries in its Triton cache, less those fetched from the service)
-  `kiln_hit_kernels_compiled`.
+  `kiln_hit_kernels_compiled`. `--hit-variants` measures that hit again in fresh processes
+  with other settings (`kiln_hit_variants`: what the first step costs with or without a
+  feature).
 
 Per path: wall ms per step, host ms, GPU ms, first step s, kernels compiled by the first
 step, and the error of the output (inference) or loss and gradients (training) against
@@ -103,8 +105,8 @@ def _cold_env(workdir: Path, tag: str, extra: dict[str, str]) -> dict[str, str]:
 
 
 def _measure(args: argparse.Namespace, workdir: Path, model: str, step: str, path: str,
-             extra: dict[str, str]) -> dict[str, Any]:
-    tag = f"{model}-{step}-{path}"
+             extra: dict[str, str], tag: str | None = None) -> dict[str, Any]:
+    tag = f"{model}-{step}-{tag or path}"
     # A warm Inductor run is a fresh process on the caches the cold one filled.
     cache_tag = f"{model}-{step}-inductor" if path == "inductor_warm" else tag
     cmd = [sys.executable, "-m", "bench.model_suite", "step", "--model", model, "--step", step,
@@ -188,6 +190,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kiln-models-"))
     print(f"model suite: {len(cases)} cases x {len(args.paths)} paths; logs in {workdir}", flush=True)
     results: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
+    hits: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
     for model, step in cases:
         for path in (p for p in args.paths if p != "kiln_tuned"):
             extra = {"KILN_URL": "off"} if path == "kiln_heuristic" else {}
@@ -208,9 +211,17 @@ def orchestrate(args: argparse.Namespace) -> int:
                          "KILN_WAIT_TIMEOUT": str(args.timeout)}
                 results[(model, step)]["kiln_tuned"] = _measure(args, workdir, model, step,
                                                                 "kiln_tuned", extra)
+                for name, env in args.hit_variants.items():  # the same hit, other settings
+                    hits[(model, step)][name] = {"env": env, **_measure(
+                        args, workdir, model, step, "kiln_tuned", {**extra, **env},
+                        tag=f"hit-{name}")}
         finally:
             service.stop()
     records = [_case_record(m, s, results[(m, s)]) for m, s in cases]
+    for record in records:
+        variants = hits[(record["model"], record["step"])]
+        if variants:
+            record["kiln_hit_variants"] = variants
     if args.merge and args.out and args.out.exists():
         records = _merged(json.loads(args.out.read_text())["cases"], records)
     print(f"\n{'case':<22}" + "".join(f"{p + ' ms':>20}" for p in args.paths)
@@ -241,6 +252,19 @@ def orchestrate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _variants(text: str) -> dict[str, dict[str, str]]:
+    """`name:VAR=V,VAR2=W;other:VAR=X` -> {name: {VAR: V, VAR2: W}, other: {VAR: X}}."""
+    variants: dict[str, dict[str, str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, assignments = part.partition(":")
+        pairs = [a.partition("=") for a in assignments.split(",") if a.strip()]
+        if not sep or not name.strip().isidentifier() or not pairs or any(not eq or not k.strip()
+                                                                           for k, eq, _ in pairs):
+            raise argparse.ArgumentTypeError(f"expected NAME:VAR=VALUE[,VAR=VALUE], got {part!r}")
+        variants[name.strip()] = {k.strip(): v.strip() for k, _, v in pairs}
+    return variants
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.models import add_case_arguments
 
@@ -260,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune-seconds", type=float, default=60.0)
     parser.add_argument("--tune-trials", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=1200.0, help="per measuring process, s")
+    parser.add_argument("--hit-variants", type=_variants, default={}, metavar="NAME:VAR=V,...;...",
+                        help="with kiln_tuned, measure the service hit again per variant, in a "
+                             "fresh process with these environment variables set (e.g. "
+                             "'noworkers:KILN_COMPILE_WORKERS=0;nostatic:KILN_STATIC_LAUNCH=off'); "
+                             "results under each case's kiln_hit_variants")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "models_h200.json")
     one = sub.add_parser("step", help="(internal) measure one path of one case")
     add_case_arguments(one)

@@ -46,3 +46,18 @@ def test_a_merge_keeps_paths_measured_in_an_earlier_call_and_remakes_the_ratios(
     assert resnet["kiln_heuristic_vs_inductor"] == 0.5 and "kiln_heuristic_vs_eager" not in resnet
     assert _geomeans([gpt2, resnet]) == {"kiln_heuristic_vs_eager": 4.0,
                                          "kiln_heuristic_vs_inductor": 1.0}
+
+
+def test_hit_variants_parse_into_named_environments() -> None:
+    import argparse
+
+    import pytest
+
+    from bench.model_suite import _variants
+
+    assert _variants("noworkers:KILN_COMPILE_WORKERS=0; both:A=1,B=x=y") == {
+        "noworkers": {"KILN_COMPILE_WORKERS": "0"}, "both": {"A": "1", "B": "x=y"}}
+    assert _variants("") == {}
+    for bad in ("noname", "x:", "x:A", "bad name:A=1", "x:=1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _variants(bad)
