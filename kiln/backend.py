@@ -207,6 +207,8 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     """Convert, key, find a schedule for and build `entry`'s graph; what fails leaves it
     eager (warned once). On the training thread, or the background one. A backward whose
     graph was compiled ahead (`_Ahead`, while its forward compiled) takes that build."""
+    if entry.kind == "backward" and _take_ahead(entry, resolver, example_inputs):
+        return  # the very graph compiled ahead: its conversion too
     if not _convert(entry, example_inputs):
         return
     if entry.kind == "backward" and _take_ahead(entry, resolver):
@@ -309,11 +311,13 @@ class _Ahead:
         self.done = threading.Event()
         self.answer: Any = None
         self.ok = False
+        self.fingerprint: str | None = None  # `_fingerprint` of its graph and inputs
         self._inputs = inputs
         self.thread = threading.Thread(target=self._run, name="kiln-backward-ahead", daemon=True)
 
     def _run(self) -> None:
         try:
+            self.fingerprint = _fingerprint(self.entry.gm, self._inputs)
             self.ok = _convert(self.entry, self._inputs, count=False)
             self.converted.set()
             if self.ok:
@@ -347,15 +351,29 @@ def _compile_backward_ahead(partition: _Partition, resolver: Resolver, tag: str 
         ahead.done.wait()
 
 
-def _take_ahead(entry: CompiledGraph, resolver: Resolver) -> bool:
-    """Give a converted backward what resolving it ahead gave for its key (waiting for it to
-    finish: a build, or eager with its warnings given) and settle it; False when there is
-    none."""
+def _take_ahead(entry: CompiledGraph, resolver: Resolver,
+                example_inputs: list[Any] | None = None) -> bool:
+    """Give a backward what resolving it ahead gave (waiting for it to finish: a build, or
+    eager with its warnings given) and settle it; False when there is none. With
+    `example_inputs`, before the backward is converted: the one compiled ahead must have
+    the same `_fingerprint` (AOTAutograd hands the backward compiler a copy of the graph
+    its partitioner made), and gives its conversion too; without, the converted backward's
+    key must be the same."""
     with _lock:
         candidates = [a for a in _aheads if a.resolver is resolver]
+    if not candidates:
+        return False
+    fingerprint = _fingerprint(entry.gm, example_inputs) if example_inputs is not None else None
     for ahead in candidates:
         ahead.converted.wait()
-        if not ahead.ok or ahead.entry.key != entry.key:
+        if not ahead.ok:
+            continue
+        if fingerprint is not None:
+            if ahead.fingerprint != fingerprint:
+                continue
+            done = ahead.entry
+            entry.describe(done.key, done.graph, done.wire, done.target)
+        elif ahead.entry.key != entry.key:
             continue
         ahead.done.wait()
         with _lock:
@@ -369,6 +387,20 @@ def _take_ahead(entry: CompiledGraph, resolver: Resolver) -> bool:
         _settle(entry, resolver, ahead.answer)
         return True
     return False
+
+
+def _fingerprint(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> str:
+    """What converting a graph depends on, much cheaper to compute than the conversion:
+    each node's op, target, name and arguments (argument nodes by name), and each input's
+    size, strides, dtype and device. Two graphs with one fingerprint convert alike."""
+    parts = []
+    for node in gm.graph.nodes:
+        args = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.name)
+        parts.append(f"{node.op}|{node.target}|{node.name}|{args!r}")
+    for x in inputs:
+        parts.append(repr((tuple(x.shape), x.stride(), x.dtype, x.device))
+                     if isinstance(x, torch.Tensor) else f"{type(x).__name__}:{x!r}")
+    return "\n".join(parts)
 
 
 def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],

@@ -98,8 +98,21 @@ def test_a_loader_that_cannot_be_prepared_costs_nothing_but_the_try(monkeypatch)
     assert not backend._preparing.is_alive()
 
 
+def _count_conversions(monkeypatch) -> list[str]:
+    kinds: list[str] = []
+    real = backend._convert
+
+    def counted(entry, inputs, count=True):
+        kinds.append(entry.kind)
+        return real(entry, inputs, count)
+
+    monkeypatch.setattr(backend, "_convert", counted)
+    return kinds
+
+
 def test_the_backward_compiled_ahead_is_taken_by_the_backward_compiler(monkeypatch) -> None:
     monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)  # CUDA only otherwise
+    converted = _count_conversions(monkeypatch)
     kiln.configure(url=None)
     want = train_mlp(steps=3, backend=None)
     got = train_mlp(steps=3)
@@ -113,6 +126,22 @@ def test_the_backward_compiled_ahead_is_taken_by_the_backward_compiler(monkeypat
     assert bw.level == "heuristic" and bw.built is not None and bw.built.kernels
     assert bw.key == compiler.tuning_key(compiler.from_wire(bw.wire), bw.target)
     assert not backend._aheads  # taken
+    # The backward compiler's graph is a copy of the partitioner's with the same
+    # fingerprint: it takes the ahead conversion too instead of converting again.
+    assert sorted(converted) == ["backward", "forward"]
+
+
+def test_a_backward_whose_fingerprint_differs_is_converted_and_matched_by_key(monkeypatch) -> None:
+    monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)
+    converted = _count_conversions(monkeypatch)
+    calls = iter(range(100))
+    monkeypatch.setattr(backend, "_fingerprint", lambda gm, inputs: f"call {next(calls)}")
+    kiln.configure(url=None)
+    want = train_mlp(steps=2, backend=None)
+    got = train_mlp(steps=2)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    assert kiln.stats()["backwards_ahead"] == 1  # taken by its key, after converting
+    assert sorted(converted) == ["backward", "backward", "forward"]
 
 
 def test_a_backward_compiled_ahead_for_another_graph_is_not_taken(monkeypatch) -> None:
