@@ -278,7 +278,8 @@ def _settle(entry: CompiledGraph, resolver: Resolver, answer: Any) -> None:
 # the forward compiled and ran: one after the other, each with its own round of compile
 # workers. The partitioner hands kiln the backward graph with the forward, so a thread
 # compiles it (`_Ahead`) while the forward compiles; the backward compiler, later, takes
-# that build when its graph has the same tuning key (it converts its graph anyway), and
+# that conversion and build when its graph has the same fingerprint (`_fingerprint`: a copy
+# of the same graph), else when its converted graph has the same tuning key, and
 # otherwise compiles as before. Only for CUDA graphs outside KILN_BACKGROUND=1: the
 # interpreter is not thread-safe, and background builds leave the training thread anyway.
 MAX_AHEAD = 8  # backwards compiled ahead and not taken yet, kept (the oldest dropped)
