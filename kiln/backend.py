@@ -101,9 +101,10 @@ def _start_compile_workers(expect_binaries: bool) -> None:
     kernels compile. With one that the client waits for (`expect_binaries`: wait mode, an
     async client builds new graphs here at once), workers start only when a kernel is to
     be compiled here: on a service hit none is, and starting 16 processes early cost the
-    first step 0.3 s on an H200 host (2.51 s with them, 2.23 s without). Before it, Triton's CUDA driver is made
-    one that builds its C utility module only if something needs it (kernels that launch
-    through torch's static launcher do not: compiler/runtime/static_launch.py)."""
+    first step 0.3 s on an H200 host (2.51 s with them, 2.23 s without). Before it,
+    Triton's CUDA driver is made one that builds its C utility module only if something
+    needs it (kernels that launch through torch's static launcher do not:
+    compiler/runtime/static_launch.py)."""
     if not torch.cuda.is_available():
         return
     global _preparing
@@ -318,7 +319,10 @@ class _Ahead:
 
     def _run(self) -> None:
         try:
-            self.fingerprint = _fingerprint(self.entry.gm, self._inputs)
+            try:
+                self.fingerprint = _fingerprint(self.entry.gm, self._inputs)
+            except Exception as exc:  # noqa: BLE001 - then only its key can match
+                log.debug("kiln: no fingerprint for a backward: %s", exc)
             self.ok = _convert(self.entry, self._inputs, count=False)
             self.converted.set()
             if self.ok:
@@ -364,7 +368,13 @@ def _take_ahead(entry: CompiledGraph, resolver: Resolver,
         candidates = [a for a in _aheads if a.resolver is resolver]
     if not candidates:
         return False
-    fingerprint = _fingerprint(entry.gm, example_inputs) if example_inputs is not None else None
+    fingerprint = None
+    if example_inputs is not None:
+        try:
+            fingerprint = _fingerprint(entry.gm, example_inputs)
+        except Exception as exc:  # noqa: BLE001 - converted and matched by key instead
+            log.debug("kiln: no fingerprint for a backward: %s", exc)
+            return False
     for ahead in candidates:
         ahead.converted.wait()
         if not ahead.ok:
