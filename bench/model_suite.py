@@ -17,7 +17,9 @@ kiln), so its first step is a cold first step. Paths:
   submitted and tuned (bench/flow.py's service and compile phase), from a fresh process with
   empty local caches: a service hit. Its first step is `kiln_hit_first_s`, the kernels it
   compiled (new binaries in its Triton cache, less those fetched from the service)
-  `kiln_hit_kernels_compiled`. `--hit-variants` measures that hit again in fresh processes
+  `kiln_hit_kernels_compiled`. `--untuned-service` serves the CPU worker's heuristic
+  schedules and binaries instead (no GPU worker, no tuning wait: the hit's first step in
+  minutes, its step time heuristic). `--hit-variants` measures that hit again in fresh processes
   with other settings (`kiln_hit_variants`: what the first step costs with or without a
   feature).
 
@@ -146,7 +148,8 @@ def _tuned_service(args: argparse.Namespace, workdir: Path, cases: list[tuple[st
 
     from bench import flow
 
-    gpus = list(range(torch.cuda.device_count())) if args.device.startswith("cuda") else []
+    gpus = (list(range(torch.cuda.device_count()))
+            if args.device.startswith("cuda") and not args.untuned_service else [])
     service = flow.Service(workdir / "service", gpus, None, args.tune_seconds, args.tune_trials)
     flow_args = argparse.Namespace(timeout=args.timeout, device=args.device, iters=1,
                                    small=args.small)
@@ -245,6 +248,7 @@ def orchestrate(args: argparse.Namespace) -> int:
               "torch": torch.__version__, "geomeans": geomeans, "cases": records}
     if service_graphs:
         result["service_graphs"] = service_graphs  # each graph's tuning record (kiln_tuned)
+        result["service_tuned"] = not args.untuned_service
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -284,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune-seconds", type=float, default=60.0)
     parser.add_argument("--tune-trials", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=1200.0, help="per measuring process, s")
+    parser.add_argument("--untuned-service", action="store_true",
+                        help="kiln_tuned against a service with no GPU workers: its CPU worker's "
+                             "heuristic schedules and binaries, no tuning wait (a service hit "
+                             "measured in minutes; the step time is then heuristic)")
     parser.add_argument("--hit-variants", type=_variants, default={}, metavar="NAME:VAR=V,...;...",
                         help="with kiln_tuned, measure the service hit again per variant, in a "
                              "fresh process with these environment variables set (e.g. "

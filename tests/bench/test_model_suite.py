@@ -61,3 +61,28 @@ def test_hit_variants_parse_into_named_environments() -> None:
     for bad in ("noname", "x:", "x:A", "bad name:A=1", "x:=1"):
         with pytest.raises(argparse.ArgumentTypeError):
             _variants(bad)
+
+
+def test_an_untuned_service_has_no_gpu_worker(monkeypatch, tmp_path: Path) -> None:
+    import argparse
+
+    import torch
+
+    from bench import flow, model_suite
+
+    started = []
+
+    class Service:
+        def __init__(self, workdir, gpus, redis, tune_seconds, tune_trials) -> None:
+            started.append(gpus)
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(flow, "Service", Service)
+    monkeypatch.setattr(flow, "_client", lambda *a, **k: None)
+    monkeypatch.setattr(flow, "_settle", lambda service, timeout: [])
+    monkeypatch.setattr(flow, "_graphs", lambda service, entries: [])
+    for untuned in (False, True):
+        args = argparse.Namespace(device="cuda", tune_seconds=1.0, tune_trials=1, timeout=1.0,
+                                  small=True, untuned_service=untuned)
+        model_suite._tuned_service(args, tmp_path, [("gpt_block_train", "train")])
+    assert started == [[0, 1], []]
