@@ -12,6 +12,8 @@ kiln), so its first step is a cold first step. Paths:
 - `inductor`: `torch.compile` default;
 - `inductor_warm`: the same in a fresh process on the caches the `inductor` run filled (run
   it after `inductor`): its first step is Inductor's warm first step, `inductor_warm_first_s`;
+- `inductor_ro`: `torch.compile(mode="reduce-overhead")`: Inductor with CUDA graphs, as kiln
+  replays its graphs (not in the default paths; kiln's ratios stay against `inductor`);
 - `kiln_heuristic`: `backend="kiln"` with `KILN_URL=off` (heuristic schedules, local builds);
 - `kiln_tuned`: `backend="kiln"` against `kiln serve` on this machine after every graph was
   submitted and tuned (bench/flow.py's service and compile phase), from a fresh process with
@@ -47,9 +49,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_MARK = "SUITE_RESULT "
 PATHS = ("eager", "inductor", "inductor_warm", "kiln_heuristic", "kiln_tuned")
+EXTRA_PATHS = ("inductor_ro",)  # measured when asked for (--paths)
 # Record key prefix per path in a case (kiln_heuristic's first step is the cold `kiln_first_s`).
 FIRST_KEY = {"eager": "eager_first_s", "inductor": "inductor_first_s",
-             "inductor_warm": "inductor_warm_first_s",
+             "inductor_warm": "inductor_warm_first_s", "inductor_ro": "inductor_ro_first_s",
              "kiln_heuristic": "kiln_first_s", "kiln_tuned": "kiln_hit_first_s"}
 
 
@@ -134,7 +137,7 @@ def _case_record(model: str, step: str, paths: dict[str, dict[str, Any]]) -> dic
     if "kiln_tuned" in paths:
         record["kiln_hit_kernels_compiled"] = paths["kiln_tuned"].get("kernels_compiled")
     for kiln_path in ("kiln_heuristic", "kiln_tuned"):
-        for base in ("eager", "inductor"):
+        for base in ("eager", "inductor", "inductor_ro"):
             ratio = _speedup(record.get(f"{base}_wall_ms"), record.get(f"{kiln_path}_wall_ms"))
             if ratio is not None:
                 record[f"{kiln_path}_vs_{base}"] = ratio
@@ -300,15 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "models_h200.json")
     one = sub.add_parser("step", help="(internal) measure one path of one case")
     add_case_arguments(one)
-    one.add_argument("--path", required=True, choices=PATHS)
+    one.add_argument("--path", required=True, choices=PATHS + EXTRA_PATHS)
     args = parser.parse_args(argv)
     if args.command == "step":
         record = run_path(args.model, args.step, args.path, args.device, args.small, args.iters)
         print(RESULT_MARK + json.dumps(record), flush=True)
         return 0
-    unknown = sorted(set(args.paths) - set(PATHS))
+    unknown = sorted(set(args.paths) - set(PATHS + EXTRA_PATHS))
     if unknown:
-        parser.error(f"unknown paths {unknown}; choose from {', '.join(PATHS)}")
+        parser.error(f"unknown paths {unknown}; choose from {', '.join(PATHS + EXTRA_PATHS)}")
     return orchestrate(args)
 
 

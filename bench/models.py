@@ -111,10 +111,13 @@ def step_fn(case: ModelCase, step: str, module: nn.Module, inputs: list[torch.Te
 
 
 def compiled(path: str, module: nn.Module) -> nn.Module:
-    """`module` as a benchmark path runs it: `eager` as it is, `inductor...` through
+    """`module` as a benchmark path runs it: `eager` as it is, `inductor_ro` through
+    `torch.compile(mode="reduce-overhead")` (CUDA graphs), other `inductor...` paths through
     `torch.compile`'s default, `kiln...` through `backend="kiln"` (`kiln.remote_compile`)."""
     if path == "eager":
         return module
+    if path == "inductor_ro":
+        return torch.compile(module, mode="reduce-overhead")
     if path.startswith("inductor"):
         return torch.compile(module)
     import kiln

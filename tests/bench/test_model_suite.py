@@ -86,3 +86,12 @@ def test_an_untuned_service_has_no_gpu_worker(monkeypatch, tmp_path: Path) -> No
                                   small=True, untuned_service=untuned)
         model_suite._tuned_service(args, tmp_path, [("gpt_block_train", "train")])
     assert started == [[0, 1], []]
+
+
+def test_reduce_overhead_inductor_is_a_path_kiln_is_compared_with() -> None:
+    from bench.model_suite import _case_record
+
+    record = _case_record("resnet18", "infer", {"inductor_ro": {"wall_ms": 1.0, "first_s": 20.0},
+                                                "kiln_heuristic": {"wall_ms": 0.8}})
+    assert record["inductor_ro_first_s"] == 20.0
+    assert record["kiln_heuristic_vs_inductor_ro"] == 1.25
