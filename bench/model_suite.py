@@ -231,11 +231,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     if args.merge and args.out and args.out.exists():
         records = _merged(json.loads(args.out.read_text())["cases"], records)
     print(f"\n{'case':<22}" + "".join(f"{p + ' ms':>20}" for p in args.paths)
-          + "".join(f"{FIRST_KEY[p]:>18}" for p in args.paths))
+          + "".join(f"{FIRST_KEY[p]:>24}" for p in args.paths))
     for r in records:
         print(f"{r['model'] + '.' + r['step']:<22}"
               + "".join(f"{_fmt(r.get(p + '_wall_ms')):>20}" for p in args.paths)
-              + "".join(f"{_fmt(r.get(FIRST_KEY[p])):>18}" for p in args.paths))
+              + "".join(f"{_fmt(r.get(FIRST_KEY[p])):>24}" for p in args.paths))
     failed = [f"{r['model']}.{r['step']} {p}: {v['error'][:200]}" for r in records
               for p, v in r["paths"].items() if "error" in v]
     geomeans = _geomeans(records)
