@@ -154,10 +154,7 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
     """Counts for the stats page and `kiln stats`. `queue` is a JobQueue, a mapping of
     depths, or None; an unreachable queue gives an empty `queue_depth`. Speedups and the
     tuned fraction (tuned among GPU-target entries with a schedule) leave CPU targets out."""
-    by_status = dict.fromkeys(STATUSES, 0)
-    for status, n in session.execute(select(ScheduleRow.status, func.count())
-                                     .group_by(ScheduleRow.status)):
-        by_status[status] = n
+    by_status = entries_by_status(session)
     totals = dict(session.execute(select(LookupCountRow.kind, func.sum(LookupCountRow.count))
                                   .group_by(LookupCountRow.kind)).all())
     reasons = {r: int(totals.get(r) or 0) for r in store_entries.MISS_REASONS}
@@ -194,12 +191,7 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
             depth = queue.depth()
         except QueueUnavailable:  # the counts from the database still stand
             depth = {}
-    now = utcnow()
-    workers = [
-        {"id": w.id, "device": w.device, "queue_class": w.queue_class, "status": w.status,
-         "heartbeat_age_s": (now - w.heartbeat_at).total_seconds(), "current_job": w.current_job_id}
-        for w in session.scalars(select(WorkerRow).where(
-            WorkerRow.heartbeat_at > now - timedelta(hours=1)).order_by(WorkerRow.id))]
+    workers = recent_workers(session)
     return {
         "entries_by_status": by_status, "hits": int(totals.get("hit") or 0),
         "misses": sum(reasons.values()), "misses_by_reason": reasons,
@@ -208,6 +200,25 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
         "tuned_fraction": gpu_ready.get("tuned", 0) / tunable if tunable else None,
         "queue_depth": depth, "jobs_waiting": waiting, "workers": workers,
     }
+
+
+def entries_by_status(session: Session) -> dict[str, int]:
+    """Number of entries per status (every status, 0 included)."""
+    by_status = dict.fromkeys(STATUSES, 0)
+    for status, n in session.execute(select(ScheduleRow.status, func.count())
+                                     .group_by(ScheduleRow.status)):
+        by_status[status] = n
+    return by_status
+
+
+def recent_workers(session: Session) -> list[dict[str, Any]]:
+    """Workers heard from in the last hour, with their heartbeat's age."""
+    now = utcnow()
+    return [
+        {"id": w.id, "device": w.device, "queue_class": w.queue_class, "status": w.status,
+         "heartbeat_age_s": (now - w.heartbeat_at).total_seconds(), "current_job": w.current_job_id}
+        for w in session.scalars(select(WorkerRow).where(
+            WorkerRow.heartbeat_at > now - timedelta(hours=1)).order_by(WorkerRow.id))]
 
 
 def list_jobs(session: Session, status: str | None = None, limit: int = 100) -> dict[str, Any]:

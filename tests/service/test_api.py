@@ -142,3 +142,13 @@ def test_health_ready_metrics(client: TestClient) -> None:
     metrics = client.get("/metrics").text
     assert 'kiln_entries{status="pending"} 1.0' in metrics
     assert 'kiln_jobs{stage="build",status="queued"} 1.0' in metrics
+
+
+def test_metrics_count_workers_with_a_recent_heartbeat(pg_ctx: ServiceContext,
+                                                        client: TestClient) -> None:
+    with pg_ctx.transaction() as session:
+        store.register_worker(session, "gpu-box:cuda0", "cuda:0", "sm_90")
+        store.register_worker(session, "cpu-box:cpu", "cpu", "cpu")
+    metrics = client.get("/metrics").text
+    assert 'kiln_workers_alive{device="cuda"} 1.0' in metrics
+    assert 'kiln_workers_alive{device="cpu"} 1.0' in metrics
