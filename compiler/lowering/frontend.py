@@ -41,10 +41,10 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
             return _CACHE[ghash], ghash
     # Only a miss rebuilds the fx graph: the tuner builds one graph once per candidate.
     if isinstance(graph, fx.GraphModule):
-        gm, metas = graph, list(example_inputs)
-    else:
-        gm, metas = graph.to_fx(), list(graph.inputs)
-    program = lower_fx(gm, metas)
+        gm, metas, owned = graph, list(example_inputs), False
+    else:  # a GraphModule of its own, made here
+        gm, metas, owned = graph.to_fx(), list(graph.inputs), True
+    program = lower_fx(gm, metas, owned=owned)
     with _LOCK:
         _CACHE[ghash] = program
         while len(_CACHE) > _CACHE_SIZE:

@@ -24,9 +24,11 @@ aten = torch.ops.aten
 FOLD_NUMEL = 4096  # constant subgraphs up to this many elements are evaluated at build time
 
 
-def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object]) -> Program:
-    """Lower an aten graph (placeholders described by `example_meta`) to a `Program`."""
-    gm = _private_copy(gm)
+def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object], owned: bool = False) -> Program:
+    """Lower an aten graph (placeholders described by `example_meta`) to a `Program`. The
+    passes rewrite a copy of `gm`, or `gm` itself when the caller hands it over (`owned`:
+    made for this call, used by nothing else)."""
+    gm = gm if owned else _private_copy(gm)
     original_ops = {n.name: op_name(n) for n in gm.graph.nodes if n.op == "call_function"}
     origins = {n.name: n.name for n in gm.graph.nodes}
     metas = [TensorMeta.of(m) if m is not None else None for m in example_meta]
