@@ -101,10 +101,7 @@ def _start_compile_workers(expect_binaries: bool) -> None:
     kernels compile. With one that the client waits for (`expect_binaries`: wait mode, an
     async client builds new graphs here at once), workers start only when a kernel is to
     be compiled here: on a service hit none is, and starting 16 processes early cost the
-    first step 0.3 s on an H200 host (2.51 s with them, 2.23 s without). Before it,
-    Triton's CUDA driver is made one that builds its C utility module only if something
-    needs it (kernels that launch through torch's static launcher do not:
-    compiler/runtime/static_launch.py)."""
+    first step 0.3 s on an H200 host (2.51 s with them, 2.23 s without)."""
     if not torch.cuda.is_available():
         return
     global _preparing
@@ -113,12 +110,6 @@ def _start_compile_workers(expect_binaries: bool) -> None:
             return
         _preparing = threading.Thread(target=_prepare, args=(not expect_binaries,),
                                       name="kiln-prepare", daemon=True)
-    try:  # before anything here makes Triton's driver (the thread's first step does)
-        from compiler.runtime import static_launch
-
-        static_launch.lazy_driver()
-    except Exception as exc:  # noqa: BLE001 - Triton's own driver then, as without it
-        log.debug("kiln: no lazy Triton driver: %s: %s", type(exc).__name__, exc)
     _preparing.start()
 
 

@@ -459,8 +459,11 @@ def prepare_loading() -> None:
     from triton.runtime.cache import triton_key
     from triton.runtime.driver import driver
 
+    from compiler.runtime import static_launch
+
     with _short_switch_interval():
         triton_key()
+    static_launch.lazy_driver()  # before the line below makes Triton's driver
     driver.active.get_current_target()
 
 
@@ -729,9 +732,9 @@ def compile_ahead(jobs: list[CompileJob], launchers: bool = True) -> int:
     thread's binary source provides (`binary_source`), are not compiled. Where Triton
     builds a C launcher per kernel signature (`per_kernel_launchers`) and `launchers` is
     true (the loading thread will not launch them through torch's static launcher), the
-    workers build those too, for cached binaries as well, so that loading compiles nothing. Raises
-    CompileCrash naming a kernel that kills the compiler; other failures are left for the
-    building thread to compile (and report)."""
+    workers build those too, for cached binaries as well, so that loading compiles nothing.
+    Raises CompileCrash naming a kernel that kills the compiler; other failures are left for
+    the building thread to compile (and report)."""
     todo = _not_cached(jobs)
     if launchers and per_kernel_launchers():
         send = _with_launchers(jobs, todo)

@@ -183,7 +183,8 @@ def lazy_driver() -> None:
     CUDA driver that builds its C utility module (`CudaUtils`: ~1 s of the C compiler on a
     machine whose Triton cache lacks it) only when something uses it. Kernels loaded by
     `load` never do: a fresh machine loading a service hit's binaries runs no C compiler.
-    Everything else the driver does is Triton's own."""
+    Everything else the driver does is Triton's own. Kiln calls this wherever it is about
+    to make Triton's driver; a Triton whose driver classes differ keeps its own driver."""
     if not available():
         return
     from triton.runtime.driver import driver
@@ -191,7 +192,12 @@ def lazy_driver() -> None:
     with _driver_lock:
         if getattr(driver, "_active", None) is not None or getattr(driver, "_default", None) is not None:
             return
-        driver.set_active(_lazy_driver_class()())
+        try:
+            lazy = _lazy_driver_class()()
+        except Exception as exc:  # noqa: BLE001 - Triton's own driver then, as without this
+            log.debug("static launcher: no lazy Triton driver (%s: %s)", type(exc).__name__, exc)
+            return
+        driver.set_active(lazy)
 
 
 def _lazy_driver_class() -> type:

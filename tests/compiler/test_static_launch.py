@@ -200,6 +200,20 @@ def test_the_lazy_driver_builds_tritons_utility_module_on_first_use_only(monkeyp
     assert driver._active is made
 
 
+def test_a_triton_whose_driver_classes_differ_keeps_its_own_driver(monkeypatch) -> None:
+    from triton.runtime.driver import driver
+
+    def differs() -> type:
+        raise ImportError("cannot import name 'CudaUtils'")
+
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.setattr(driver, "_default", None)
+    monkeypatch.setattr(static_launch, "available", lambda: True)
+    monkeypatch.setattr(static_launch, "_lazy_driver_class", differs)
+    static_launch.lazy_driver()  # no error: Triton makes its own when it is first used
+    assert driver._active is None
+
+
 def test_no_lazy_driver_where_triton_made_its_own_or_static_launch_is_off(monkeypatch) -> None:
     from triton.runtime.driver import driver
 
