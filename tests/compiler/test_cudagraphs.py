@@ -82,6 +82,16 @@ def _affine(graph: _Graph) -> Callable[[list], Any]:
     return _graphed(graph, lambda xs: [xs[0] * 2 + xs[1]], lambda xs: [torch.empty(4)])
 
 
+def _primed(graph: _Graph) -> tuple[Callable[[list], Any], cg.GraphRunner, torch.Tensor,
+                                    torch.Tensor]:
+    """The affine graph, its runner after a first call on (x, w), and x and w."""
+    run = _affine(graph)
+    runner = cg.GraphRunner(run, steps=2)
+    x, w = torch.randn(4), torch.randn(4)
+    runner([x, w])
+    return run, runner, x, w
+
+
 def test_moving_inputs_are_copied_and_parameters_read_in_place(graph: _Graph) -> None:
     run = _affine(graph)
     runner = cg.GraphRunner(run, steps=2)
@@ -104,10 +114,7 @@ def test_moving_inputs_are_copied_and_parameters_read_in_place(graph: _Graph) ->
 
 
 def test_outputs_stay_in_the_graphs_memory_when_nobody_keeps_them(graph: _Graph) -> None:
-    run = _affine(graph)
-    runner = cg.GraphRunner(run, steps=2)
-    x, w = torch.randn(4), torch.randn(4)
-    runner([x, w])
+    run, runner, x, w = _primed(graph)
     ptrs = []
     for _ in range(3):
         (got,), did = _call(runner, run, [x, w])
@@ -147,10 +154,7 @@ def test_an_output_a_caller_keeps_is_never_overwritten(graph: _Graph) -> None:
 
 
 def test_a_moved_parameter_makes_one_call_run_without_the_graph(graph: _Graph) -> None:
-    run = _affine(graph)
-    runner = cg.GraphRunner(run, steps=2)
-    x, w = torch.randn(4), torch.randn(4)
-    runner([x, w])
+    run, runner, x, w = _primed(graph)
     assert _call(runner, run, [x, w])[1] and [i for i, _ in runner.direct] == [0, 1]
     for n in range(4):
         w = torch.randn(4)  # a new (small) "parameter" every call: copied after one miss
@@ -162,10 +166,7 @@ def test_a_moved_parameter_makes_one_call_run_without_the_graph(graph: _Graph) -
 
 
 def test_capture_is_given_up_after_too_many_refusals(graph: _Graph) -> None:
-    run = _affine(graph)
-    runner = cg.GraphRunner(run, steps=2)
-    x, w = torch.randn(4), torch.randn(4)
-    runner([x, w])
+    run, runner, x, w = _primed(graph)
     kept = []
     for _ in range(3 * (cg.MAX_RECAPTURES + 2)):
         (got,), _ = _call(runner, run, [x, w])

@@ -98,6 +98,14 @@ def test_a_loader_that_cannot_be_prepared_costs_nothing_but_the_try(monkeypatch)
     assert not backend._preparing.is_alive()
 
 
+def _trains_like_eager(steps: int) -> None:
+    """Train the seed MLP with kiln (no service) and check its losses against eager's."""
+    kiln.configure(url=None)
+    want = train_mlp(steps=steps, backend=None)
+    got = train_mlp(steps=steps)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+
+
 def _count_conversions(monkeypatch) -> list[str]:
     kinds: list[str] = []
     real = backend._convert
@@ -113,10 +121,7 @@ def _count_conversions(monkeypatch) -> list[str]:
 def test_the_backward_compiled_ahead_is_taken_by_the_backward_compiler(monkeypatch) -> None:
     monkeypatch.setattr(backend, "_AHEAD_ON_CPU", True)  # CUDA only otherwise
     converted = _count_conversions(monkeypatch)
-    kiln.configure(url=None)
-    want = train_mlp(steps=3, backend=None)
-    got = train_mlp(steps=3)
-    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    _trains_like_eager(steps=3)
     stats = kiln.stats()
     assert stats["backwards_ahead"] == 1
     assert stats["builds"] == 2 and stats["schedules_local"] == 2 and stats["eager"] == 0
@@ -136,10 +141,7 @@ def test_a_backward_whose_fingerprint_differs_is_converted_and_matched_by_key(mo
     converted = _count_conversions(monkeypatch)
     calls = iter(range(100))
     monkeypatch.setattr(backend, "_fingerprint", lambda gm, inputs: f"call {next(calls)}")
-    kiln.configure(url=None)
-    want = train_mlp(steps=2, backend=None)
-    got = train_mlp(steps=2)
-    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    _trains_like_eager(steps=2)
     assert kiln.stats()["backwards_ahead"] == 1  # taken by its key, after converting
     assert sorted(converted) == ["backward", "backward", "forward"]
 
@@ -154,10 +156,7 @@ def test_a_backward_compiled_ahead_for_another_graph_is_not_taken(monkeypatch) -
         return forward, backward
 
     monkeypatch.setattr(backend._Partition, "__call__", forward_as_backward)
-    kiln.configure(url=None)
-    want = train_mlp(steps=2, backend=None)
-    got = train_mlp(steps=2)
-    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    _trains_like_eager(steps=2)
     stats = kiln.stats()
     assert stats.get("backwards_ahead", 0) == 0
     assert {g.kind: g.level for g in backend.compiled_graphs()} == {
@@ -188,10 +187,7 @@ def test_a_backward_that_cannot_be_converted_is_counted_eager_once(monkeypatch) 
         return real(gm, inputs)
 
     monkeypatch.setattr(wire, "to_wire_and_graph", refuse_backwards)
-    kiln.configure(url=None)
-    want = train_mlp(steps=2, backend=None)
-    got = train_mlp(steps=2)
-    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    _trains_like_eager(steps=2)
     stats = kiln.stats()
     assert stats["eager"] == 1 and stats["builds"] == 1
     assert stats.get("backwards_ahead", 0) == 0
@@ -211,10 +207,7 @@ def test_a_backward_whose_build_failed_ahead_is_not_built_again(monkeypatch, kil
         return real(self, entry, schedule)
 
     monkeypatch.setattr(resolve.Resolver, "_build", fail_backwards)
-    kiln.configure(url=None)
-    want = train_mlp(steps=2, backend=None)
-    got = train_mlp(steps=2)
-    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+    _trains_like_eager(steps=2)
     stats = kiln.stats()
     assert len(tried) == 1  # built (and failed) once, ahead
     assert stats["backwards_ahead"] == 1 and stats["eager"] == 1 and stats["builds"] == 1
