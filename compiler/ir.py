@@ -59,6 +59,24 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def storage_order(m: TensorMeta) -> tuple[int, ...]:
+    """Dims from outermost to innermost in memory, when `m` is dense in an order other than
+    row-major (channels-last, a transposed copy); () otherwise. Size-1 dims keep their
+    place: their strides say nothing."""
+    sized = sorted((d for d, s in enumerate(m.shape) if s != 1), key=lambda d: -m.stride[d])
+    acc = 1
+    for d in reversed(sized):
+        if m.stride[d] != acc:
+            return ()
+        acc *= m.shape[d]
+    if sized == sorted(sized):
+        return ()
+    order, rest = [], iter(sized)
+    for d in range(len(m.shape)):
+        order.append(d if m.shape[d] == 1 else next(rest))
+    return tuple(order)
+
+
 @dataclass(frozen=True)
 class Domain:
     """Iteration domain of a kernel.
@@ -66,11 +84,14 @@ class Domain:
     pointwise: `shape` is the output shape, `rdims` empty.
     reduction: `shape` is the reduction input's shape, `rdims` the reduced dims (sorted).
     matmul: `shape` is the output's shape ([batch,] M, N), `rdims` empty, `k` the inner size.
+    `order` (pointwise only): the dims from outermost to innermost that the flat index
+    walks, when not row-major: that of its first value's memory (`storage_order`).
     """
 
     shape: tuple[int, ...]
     rdims: tuple[int, ...] = ()
     k: int = 0
+    order: tuple[int, ...] = ()
 
     @property
     def kept(self) -> tuple[int, ...]:

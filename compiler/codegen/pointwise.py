@@ -20,22 +20,41 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str],
     pid = "tl.program_id(0).to(tl.int64)" if w.int64 else "tl.program_id(0)"
     w.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
     w.emit("xmask = xindex < xnumel")
-    natural = define_dims(w, "xindex", shape, "x")
-    w.flat_forms[(natural, shape)] = "xindex"
+    order = group.domain.order
+    if order:  # the flat index walks memory order: dims defined in it, index in shape order
+        walked = define_dims(w, "xindex", tuple(shape[d] for d in order), "x")
+        natural = tuple(walked[order.index(d)] for d in range(len(shape)))
+        w.flat_forms[(natural, shape)] = "xindex"
+        w.flat_layouts[(natural, shape)] = dense_strides(shape, order)
+    else:
+        natural = define_dims(w, "xindex", shape, "x")
+        w.flat_forms[(natural, shape)] = "xindex"
     for node in members if members is not None else group.stored:
-        idx = member_index(w, node, natural, shape, "xindex")
+        idx = member_index(w, node, natural, shape, "xindex", ordered=bool(order))
         store(w, node, idx, w.value(node, idx, "xmask"), "xmask")
     return assemble(w, group.stem, comment, ["XBLOCK"])
 
 
-def member_index(w: Writer, node: fx.Node, natural: Index, shape: tuple[int, ...], flat: str) -> Index:
+def member_index(w: Writer, node: fx.Node, natural: Index, shape: tuple[int, ...], flat: str,
+                 ordered: bool = False) -> Index:
     """Index of `node` (same element count as the domain, maybe another shape) at the
-    domain's `natural` index; its row-major flat offset is the domain's `flat`."""
+    domain's `natural` index; its row-major flat offset is the domain's `flat`, unless the
+    domain walks another order (`ordered`)."""
     m = meta(node).shape
     if m == shape:
         return natural
     if math.prod(m) != math.prod(shape):
         raise NotFusible(f"{node.name} has shape {m}, kernel {shape}")
     idx = reshape_index(natural, shape, m)
-    w.flat_forms[(idx, m)] = flat
+    if not ordered:
+        w.flat_forms[(idx, m)] = flat
     return idx
+
+
+def dense_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a dense tensor of `shape` laid out in `order` (outermost dim first)."""
+    strides, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(strides)

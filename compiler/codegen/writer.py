@@ -26,6 +26,7 @@ from compiler.codegen.common import (
     linear,
     merge_dims,
     paren,
+    same_strides,
     tl_dtype,
 )
 from compiler.codegen.views import is_view, view_source
@@ -64,6 +65,8 @@ class Writer:
         self.in_params: dict[fx.Node, str] = {}
         self.out_params: dict[fx.Node, str] = {}
         self.flat_forms: dict[tuple[Index, tuple[int, ...]], str] = {}
+        # flat forms that hold for buffers of these strides, not row-major ones
+        self.flat_layouts: dict[tuple[Index, tuple[int, ...]], tuple[int, ...]] = {}
         self.combos: dict[str, str] = {}  # "r0 * 1024 + r1" -> "rindex" (see define_dims)
         self.helpers: set[str] = set()
         self.inlined: dict[fx.Node, None] = {}  # ordered set: large kernels inline thousands
@@ -111,8 +114,10 @@ class Writer:
         pointer). With `block`, every index term stays, so the offset keeps its block shape."""
         idx = tuple(self.combos.get(e, e) for e in idx)
         flat = self.flat_forms.get((idx, m.shape))
-        if flat is not None and dense(m):
-            return flat
+        if flat is not None:
+            layout = self.flat_layouts.get((idx, m.shape))
+            if dense(m) if layout is None else same_strides(m, layout):
+                return flat
         idx, m = merge_dims(idx, m)
         if block:  # size-1 and broadcast dims keep a term (x * 0 folds away in compilation)
             return " + ".join(e if st == 1 else f"{paren(e)} * {st}"

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from compiler.ir import Program, TensorMeta
-from compiler.lowering.lower import lower_fx
+from compiler.lowering.lower import lower_fx, lowering_options
 
 _CACHE: OrderedDict[str, Program] = OrderedDict()
 _LOCK = threading.Lock()
@@ -35,10 +35,11 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
         ghash = graph_hash(graph)
     else:
         raise TypeError(f"expected compiler.Graph or torch.fx.GraphModule, got {type(graph).__name__}")
+    key = f"{ghash}:{lowering_options()}"  # the environment's lowering options change kernels
     with _LOCK:
-        if ghash in _CACHE:
-            _CACHE.move_to_end(ghash)
-            return _CACHE[ghash], ghash
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key], ghash
     # Only a miss rebuilds the fx graph: the tuner builds one graph once per candidate.
     if isinstance(graph, fx.GraphModule):
         gm, metas, owned = graph, list(example_inputs), False
@@ -46,7 +47,7 @@ def lower_graph(graph: Any, example_inputs: Sequence[Any] | None = None) -> tupl
         gm, metas, owned = graph.to_fx(), list(graph.inputs), True
     program = lower_fx(gm, metas, owned=owned)
     with _LOCK:
-        _CACHE[ghash] = program
+        _CACHE[key] = program
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return program, ghash

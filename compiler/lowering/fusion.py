@@ -31,7 +31,17 @@ from compiler.codegen import matmul as matmul_codegen
 from compiler.codegen.common import TL_DTYPES
 from compiler.codegen.reduction import reduction_info
 from compiler.codegen.writer import Writer
-from compiler.ir import Domain, ExternStep, KernelGroup, Step, TensorMeta, ViewStep, base_name, meta
+from compiler.ir import (
+    Domain,
+    ExternStep,
+    KernelGroup,
+    Step,
+    TensorMeta,
+    ViewStep,
+    base_name,
+    meta,
+    storage_order,
+)
 
 CHEAP_OPS = 4  # a value several kernels read may be recomputed by each: up to this many ops
 
@@ -238,7 +248,8 @@ class _Planner:
             info = reduction_info(node)
             return KernelGroup(f"kernel_{pos}", "reduction", info.domain, [node], pos,
                                anchors=[node], dtype=meta(info.source).dtype)
-        return KernelGroup(f"kernel_{pos}", "pointwise", Domain(m.shape), [node], pos, dtype=m.dtype)
+        return KernelGroup(f"kernel_{pos}", "pointwise", Domain(m.shape, order=storage_order(m)),
+                           [node], pos, dtype=m.dtype)
 
     def join(self, node: fx.Node, kind: str, deps: frozenset[fx.Node], groups: list[KernelGroup],
              position: dict[fx.Node, int]) -> KernelGroup | None:

@@ -14,7 +14,10 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflat
 from compiler.ir import Program, TensorMeta, base_name, check_program, op_name
 from compiler.lowering import ops
 from compiler.lowering.fusion import plan_steps
+from compiler.lowering.layout import channels_last, channels_last_convolutions
+from compiler.lowering.layout import policy as layout_policy
 from compiler.lowering.record import record
+from compiler.lowering.split_reductions import policy_from_env as split_policy_from_env
 from compiler.lowering.split_reductions import split_reductions
 from compiler.wire.schema import storage_extent
 
@@ -38,6 +41,8 @@ def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object], owned: bool = F
     simplify_identities(gm)                    # 3. clone/alias/x*1/same-dtype casts vanish
     fold_constants(gm)                         # 4. small constant subgraphs evaluated now
     gm.graph.eliminate_dead_code()             # 5. dead code elimination
+    channels_last_convolutions(                #    convolutions on NHWC tensors
+        gm, lambda: propagate_meta(gm, metas, reuse=True), origins, original_ops)
     split_reductions(gm, origins)              #    few outputs, many elements: two stages
     gm.recompile()
     propagate_meta(gm, metas, reuse=True)
@@ -49,6 +54,11 @@ def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object], owned: bool = F
     name_kernels(program)                      # 7. names from the fused aten ops
     check_program(program)                     # 8. the IR spec at the pipeline's exit
     return program
+
+
+def lowering_options() -> str:
+    """The environment's settings that change what `lower_fx` makes of a graph."""
+    return f"split={split_policy_from_env()};channels_last={layout_policy()}"
 
 
 def _private_copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -95,7 +105,7 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
             args, kwargs = tree_map(_meta_device, (args, kwargs))
             try:
-                values[node] = node.target(*args, **kwargs)
+                values[node] = _META_RULES.get(node.target, node.target)(*args, **kwargs)
             except Exception as exc:  # an op the meta device cannot run: no metadata
                 raise ValueError(f"node {node.name} ({op_name(node)}): cannot infer its "
                                  f"shape ({type(exc).__name__}: {exc})") from exc
@@ -106,6 +116,19 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
             raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
         node.meta["kiln_meta"] = tree_map(
             lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else None, values[node])
+
+
+def _convolution_meta(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
+    """The layout cuDNN's and oneDNN's convolutions give: channels-last when the input or the
+    weight is (torch's meta kernel always answers row-major: it cannot see the device)."""
+    out = aten.convolution.default(x, weight, *args)
+    if out.dim() == 4 and (channels_last(TensorMeta.of(x)) or channels_last(TensorMeta.of(weight))):
+        return out.contiguous(memory_format=torch.channels_last)
+    return out
+
+
+# Ops whose meta kernels do not give the layout that the device's kernels do.
+_META_RULES: dict[object, Callable] = {aten.convolution.default: _convolution_meta}
 
 
 def _meta_key(node: fx.Node) -> tuple:

@@ -1,0 +1,144 @@
+"""Channels-last convolutions: a graph of 2-D convolutions runs them on NHWC tensors.
+
+cuDNN's fast half and bfloat16 convolutions work on NHWC; handed NCHW tensors, it
+transposes them around each call. So, as Inductor's layout optimization does, each
+convolution's input and weight that are not channels-last already get a channels-last
+copy (`aten.clone(memory_format=torch.channels_last)`). The convolution's result is then
+channels-last, and so is every pointwise value computed from it (ATen's layout rules,
+which metadata propagation follows); pointwise kernels iterate over such values in their
+memory order (`compiler.ir.storage_order`), so their loads and stores stay coalesced.
+
+A graph output whose layout this changes gets a copy back to its row-major layout, since
+the caller (AOTAutograd) expects the strides it traced. Under `auto` the pass applies only
+when those copies are small next to the convolutions' inputs: an inference graph that ends
+in pooling and a linear layer copies nothing back, while a training forward returns its
+activations for the backward and would copy most of them, so it keeps NCHW.
+
+`KILN_CHANNELS_LAST`: `auto` (default: the rule above, for graphs whose 2-D convolutions
+are ungrouped and not transposed), `on` (whatever the copies back cost), `off`. It changes
+a graph's kernels: set it alike on clients and service workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten
+
+from compiler.ir import TensorMeta, contiguous_strides
+
+aten = torch.ops.aten
+ENV = "KILN_CHANNELS_LAST"
+POLICIES = ("auto", "on", "off")
+# Under `auto`: copies back may hold at most this share of the convolutions' input elements.
+RESTORE_SHARE = 0.25
+
+
+def policy() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in POLICIES:
+        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(POLICIES)}")
+    return value
+
+
+def channels_last(m: TensorMeta) -> bool:
+    """4-D and dense in N, H, W, C order (size-1 dims' strides do not matter)."""
+    if len(m.shape) != 4:
+        return False
+    n, c, h, w = m.shape
+    want = contiguous_strides((n, h, w, c))
+    got = (m.stride[0], m.stride[2], m.stride[3], m.stride[1])
+    return all(s == 1 or a == b for s, a, b in zip((n, h, w, c), got, want, strict=True))
+
+
+def _row_major(m: TensorMeta) -> bool:
+    return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, contiguous_strides(m.shape),
+                                                   strict=True))
+
+
+def _convolutions(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is aten.convolution.default]
+
+
+def _eligible(conv: fx.Node) -> bool:
+    """A 2-D convolution, not transposed, ungrouped (cuDNN's NHWC depthwise and grouped
+    kernels are not reliably faster)."""
+    x = conv.args[0].meta.get("kiln_meta")
+    transposed = conv.args[6] if len(conv.args) > 6 else False
+    groups = conv.args[8] if len(conv.args) > 8 else 1
+    return isinstance(x, TensorMeta) and len(x.shape) == 4 and not transposed and groups == 1
+
+
+def _outputs(gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]]:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return out, [a for a in tree_flatten(out.args)[0] if isinstance(a, fx.Node)]
+
+
+def _copy(gm: fx.GraphModule, value: fx.Node, before: fx.Node, memory_format: torch.memory_format,
+          origins: dict[str, str], original_ops: dict[str, str]) -> fx.Node:
+    with gm.graph.inserting_before(before):
+        node = gm.graph.call_function(aten.clone.default, (value,), {"memory_format": memory_format})
+    origins[node.name] = node.name
+    original_ops[node.name] = "aten.clone.default"  # names the copy kernel `fused_clone`
+    return node
+
+
+def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None],
+                               origins: dict[str, str], original_ops: dict[str, str]) -> bool:
+    """Run `gm`'s convolutions channels-last where the policy says so (see the module
+    docstring); `propagate` reruns metadata propagation. True when the graph changed."""
+    mode = policy()
+    convs = _convolutions(gm)
+    if mode == "off" or not convs or not all(_eligible(c) for c in convs):
+        return False
+    out_node, outputs = _outputs(gm)
+    before = {o: o.meta.get("kiln_meta") for o in outputs}
+    copies: dict[fx.Node, fx.Node] = {}
+    swapped: list[tuple[fx.Node, fx.Node, fx.Node]] = []  # (conv, original, copy)
+    for conv in convs:
+        for value in conv.args[:2]:
+            if channels_last(value.meta["kiln_meta"]):
+                continue
+            if value not in copies:
+                copies[value] = _copy(gm, value, conv, torch.channels_last, origins, original_ops)
+            conv.replace_input_with(value, copies[value])
+            swapped.append((conv, value, copies[value]))
+    if not swapped:
+        return False
+    propagate()
+    # A value computed from an earlier convolution is channels-last now: its copy is idle.
+    idle = [c for c in copies.values() if c.args[0].meta.get("kiln_meta") == c.meta.get("kiln_meta")]
+    for copy in idle:
+        copy.replace_all_uses_with(copy.args[0])
+        gm.graph.erase_node(copy)
+    swapped = [s for s in swapped if s[2] not in idle]
+    if idle:
+        propagate()
+    if not swapped:
+        return False
+    changed = [o for o in dict.fromkeys(outputs)
+               if isinstance(before[o], TensorMeta) and o.meta.get("kiln_meta") != before[o]]
+    conv_elements = sum(c.args[0].meta["kiln_meta"].numel for c in convs)
+    restored = sum(o.meta["kiln_meta"].numel for o in changed)
+    if (not all(_row_major(before[o]) for o in changed)
+            or (mode == "auto" and restored > RESTORE_SHARE * conv_elements)):
+        _undo(gm, swapped)
+        propagate()
+        return False
+    for o in changed:
+        back = _copy(gm, o, out_node, torch.contiguous_format, origins, original_ops)
+        out_node.replace_input_with(o, back)
+    propagate()
+    return True
+
+
+def _undo(gm: fx.GraphModule, swapped: list[tuple[fx.Node, fx.Node, fx.Node]]) -> None:
+    for conv, value, copy in swapped:
+        conv.replace_input_with(copy, value)
+    for copy in {c for _, _, c in swapped}:
+        if not copy.users:
+            gm.graph.erase_node(copy)
