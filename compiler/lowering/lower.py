@@ -9,12 +9,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import fx
+from torch._prims_common import suggest_memory_format
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from compiler.ir import Program, TensorMeta, base_name, check_program, op_name
 from compiler.lowering import ops
 from compiler.lowering.fusion import plan_steps
-from compiler.lowering.layout import channels_last, channels_last_convolutions
+from compiler.lowering.layout import channels_last_convolutions
 from compiler.lowering.layout import policy as layout_policy
 from compiler.lowering.record import record
 from compiler.lowering.split_reductions import policy_from_env as split_policy_from_env
@@ -119,10 +120,12 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
 
 
 def _convolution_meta(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
-    """The layout cuDNN's and oneDNN's convolutions give: channels-last when the input or the
-    weight is (torch's meta kernel always answers row-major: it cannot see the device)."""
+    """The layout cuDNN's and oneDNN's convolutions give: channels-last when the input's or
+    the weight's strides suggest it (torch's meta kernel always answers row-major: it cannot
+    see the device). A 1x1 weight is dense in both layouts; its strides decide, as in eager."""
     out = aten.convolution.default(x, weight, *args)
-    if out.dim() == 4 and (channels_last(TensorMeta.of(x)) or channels_last(TensorMeta.of(weight))):
+    if out.dim() == 4 and torch.channels_last in (suggest_memory_format(x),
+                                                  suggest_memory_format(weight)):
         return out.contiguous(memory_format=torch.channels_last)
     return out
 

@@ -175,3 +175,25 @@ def test_a_convolution_of_a_channels_last_input_is_given_the_layout_eager_gives(
 ])
 def test_storage_order(shape: tuple, stride: tuple, order: tuple) -> None:
     assert storage_order(TensorMeta(torch.float32, shape, stride)) == order
+
+
+@pytest.mark.parametrize("weight_layout", ["row-major", "channels-last"])
+def test_a_1x1_weight_dense_in_both_layouts_gives_the_layout_its_strides_suggest(
+        layout, weight_layout: str) -> None:  # noqa: ANN001
+    """A 1x1 weight is dense as NCHW and as NHWC; eager's convolution follows its strides
+    (row-major weight and input: a row-major result). Treating it as channels-last gave
+    resnet's downsample convolutions the wrong layout and wrong results."""
+    layout("off")
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(x, w) + 1.0
+
+    x = rand((2, 4, 5, 3), seed=10)
+    w = rand((6, 4, 1, 1), seed=11)
+    if weight_layout == "channels-last":
+        w = w.to(memory_format=torch.channels_last)
+    built = check(fn, x, w, lowered=False)
+    (conv,) = _convs(built.program)
+    eager = aten.convolution.default(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    assert conv.meta["kiln_meta"].stride == eager.stride()
+    assert_matches(built(x, w), fn(x, w))
