@@ -23,6 +23,15 @@ from torch import fx
 KINDS = ("pointwise", "reduction", "matmul")
 
 
+class MetaError(ValueError):
+    """Lowering's metadata run failed at `node`: the meta device cannot run it on its
+    arguments' shapes or layouts."""
+
+    def __init__(self, node: fx.Node, message: str) -> None:
+        super().__init__(message)
+        self.node = node
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """Dtype and layout of one tensor value."""

@@ -28,7 +28,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from compiler.ir import TensorMeta, contiguous_strides
+from compiler.ir import MetaError, TensorMeta, contiguous_strides
 
 aten = torch.ops.aten
 ENV = "KILN_CHANNELS_LAST"
@@ -97,37 +97,37 @@ def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None]
         return False
     out_node, outputs = _outputs(gm)
     before = {o: o.meta.get("kiln_meta") for o in outputs}
+    added: list[fx.Node] = []  # every copy this pass put in, to take out again
     copies: dict[fx.Node, fx.Node] = {}
-    swapped: list[tuple[fx.Node, fx.Node, fx.Node]] = []  # (conv, original, copy)
     for conv in convs:
         for value in conv.args[:2]:
             if channels_last(value.meta["kiln_meta"]):
                 continue
             if value not in copies:
                 copies[value] = _copy(gm, value, conv, torch.channels_last, origins, original_ops)
+                added.append(copies[value])
             conv.replace_input_with(value, copies[value])
-            swapped.append((conv, value, copies[value]))
-    if not swapped:
+    if not added:
         return False
-    propagate()
+    if not _propagate_repairing_views(gm, propagate, added, origins, original_ops):
+        _undo(gm, added, propagate)
+        return False
     # A value computed from an earlier convolution is channels-last now: its copy is idle.
-    idle = [c for c in copies.values() if c.args[0].meta.get("kiln_meta") == c.meta.get("kiln_meta")]
+    idle = {c for c in copies.values() if c.args[0].meta.get("kiln_meta") == c.meta.get("kiln_meta")}
     for copy in idle:
         copy.replace_all_uses_with(copy.args[0])
         gm.graph.erase_node(copy)
-    swapped = [s for s in swapped if s[2] not in idle]
+    added = [c for c in added if c not in idle]
     if idle:
         propagate()
-    if not swapped:
-        return False
     changed = [o for o in dict.fromkeys(outputs)
                if isinstance(before[o], TensorMeta) and o.meta.get("kiln_meta") != before[o]]
     conv_elements = sum(c.args[0].meta["kiln_meta"].numel for c in convs)
-    restored = sum(o.meta["kiln_meta"].numel for o in changed)
+    repairs = [c for c in added if c.kwargs["memory_format"] == torch.contiguous_format]
+    copied = sum(o.meta["kiln_meta"].numel for o in changed + repairs)
     if (not all(_row_major(before[o]) for o in changed)
-            or (mode == "auto" and restored > RESTORE_SHARE * conv_elements)):
-        _undo(gm, swapped)
-        propagate()
+            or (mode == "auto" and copied > RESTORE_SHARE * conv_elements)):
+        _undo(gm, added, propagate)
         return False
     for o in changed:
         back = _copy(gm, o, out_node, torch.contiguous_format, origins, original_ops)
@@ -136,9 +136,31 @@ def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None]
     return True
 
 
-def _undo(gm: fx.GraphModule, swapped: list[tuple[fx.Node, fx.Node, fx.Node]]) -> None:
-    for conv, value, copy in swapped:
-        conv.replace_input_with(copy, value)
-    for copy in {c for _, _, c in swapped}:
-        if not copy.users:
-            gm.graph.erase_node(copy)
+def _propagate_repairing_views(gm: fx.GraphModule, propagate: Callable[[], None],
+                               added: list[fx.Node], origins: dict[str, str],
+                               original_ops: dict[str, str]) -> bool:
+    """Propagate metadata; a view that AOTAutograd traced on a row-major value and that
+    channels-last strides cannot express (flattening H and W, as a patch embedding does)
+    reads a row-major copy instead. False when something else fails."""
+    views = (aten.view.default, aten._unsafe_view.default)
+    for _ in range(len(gm.graph.nodes)):
+        try:
+            propagate()
+            return True
+        except MetaError as exc:
+            node = exc.node
+            if node.target not in views or not isinstance(node.args[0], fx.Node):
+                return False
+            source = node.args[0]
+            copy = _copy(gm, source, node, torch.contiguous_format, origins, original_ops)
+            node.replace_input_with(source, copy)
+            added.append(copy)
+    return False
+
+
+def _undo(gm: fx.GraphModule, added: list[fx.Node], propagate: Callable[[], None]) -> None:
+    """Take every copy out again: the graph is as it came in."""
+    for copy in reversed(added):
+        copy.replace_all_uses_with(copy.args[0])
+        gm.graph.erase_node(copy)
+    propagate()

@@ -12,7 +12,7 @@ from torch import fx
 from torch._prims_common import suggest_memory_format
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from compiler.ir import Program, TensorMeta, base_name, check_program, op_name
+from compiler.ir import MetaError, Program, TensorMeta, base_name, check_program, op_name
 from compiler.lowering import ops
 from compiler.lowering.fusion import plan_steps
 from compiler.lowering.layout import channels_last_convolutions
@@ -108,8 +108,8 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
             try:
                 values[node] = _META_RULES.get(node.target, node.target)(*args, **kwargs)
             except Exception as exc:  # an op the meta device cannot run: no metadata
-                raise ValueError(f"node {node.name} ({op_name(node)}): cannot infer its "
-                                 f"shape ({type(exc).__name__}: {exc})") from exc
+                raise MetaError(node, f"node {node.name} ({op_name(node)}): cannot infer "
+                                      f"its shape ({type(exc).__name__}: {exc})") from exc
             node.meta["kiln_meta_key"] = key
         elif node.op == "output":
             continue

@@ -197,3 +197,22 @@ def test_a_1x1_weight_dense_in_both_layouts_gives_the_layout_its_strides_suggest
     eager = aten.convolution.default(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
     assert conv.meta["kiln_meta"].stride == eager.stride()
     assert_matches(built(x, w), fn(x, w))
+
+
+def test_a_view_that_nhwc_strides_cannot_express_reads_a_row_major_copy(layout) -> None:  # noqa: ANN001
+    """A classifier flattens C, H and W of its last feature map with `view`, traced on a
+    row-major value, which NHWC strides cannot express: under `on` the view reads a
+    row-major copy (results as eager's); under `auto` that copy is as large as the
+    convolution's result, so the graph keeps NCHW."""
+    def fn(x: torch.Tensor, w: torch.Tensor, fc: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.nn.functional.conv2d(x, w, stride=2)).flatten(1) @ fc
+
+    x, w, fc = rand((2, 3, 8, 6), seed=12), rand((5, 3, 2, 2), seed=13), rand((60, 4), seed=14)
+    gm = trace(fn, x, w, fc)
+    layout("on")
+    built = check(fn, x, w, fc, lowered=False)
+    (conv,) = _convs(built.program)
+    assert channels_last(conv.meta["kiln_meta"])
+    layout("auto")
+    program, _ = lower_graph(gm, [x, w, fc])
+    assert not any(channels_last(c.meta["kiln_meta"]) for c in _convs(program))
