@@ -26,7 +26,9 @@ kiln), so its first step is a cold first step. Paths:
   feature).
 
 Per path: wall ms per step, host ms, GPU ms, first step s, kernels compiled by the first
-step, and the error of the output (inference) or loss and gradients (training) against
+step, dynamo's phase timers of the first step (`dynamo_compile_times`; with
+`BENCH_PROFILE_FIRST_STEP=1`, e.g. as a `--hit-variants` entry, a cProfile of it too:
+`first_step_profile`), and the error of the output (inference) or loss and gradients (training) against
 eager in the same process. Results: `{"command", "device", "torch", "cases": [...]}`, one
 case per (model, step) with the fields the training-speed and compile-time issues name
 (`eager_wall_ms`, `inductor_wall_ms`, `kiln_heuristic_wall_ms`, `kiln_tuned_wall_ms`,
@@ -43,6 +45,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +71,39 @@ def _fetched_binaries() -> int:
     return int(kiln.stats().get("binaries_fetched", 0))
 
 
+PROFILE_ENV = "BENCH_PROFILE_FIRST_STEP"  # set (e.g. in a --hit-variants entry): see below
+PROFILE_ROWS = 45
+
+
+@contextmanager
+def _first_step_profile() -> Iterator[dict[str, Any]]:
+    """Where the first step's time goes, into the record: dynamo's phase timers
+    (`torch._dynamo.utils.compile_times`: tracing, AOTAutograd, the backend) always; with
+    BENCH_PROFILE_FIRST_STEP=1 also the top of a cProfile of the measuring thread by
+    cumulative time (other threads' work shows as waits; the profile slows the step)."""
+    from torch._dynamo.utils import compile_times
+
+    found: dict[str, Any] = {}
+    profiler = None
+    if os.environ.get(PROFILE_ENV) == "1":
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        yield found
+    finally:
+        if profiler is not None:
+            import io
+            import pstats
+
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(PROFILE_ROWS)
+            found["first_step_profile"] = text.getvalue()
+        found["dynamo_compile_times"] = compile_times(repr="str", aggregate=True)
+
+
 def run_path(model: str, step: str, path: str, device_name: str, small: bool,
              iters: int) -> dict[str, Any]:
     """In a fresh process: one path of one case, measured (see the module doc)."""
@@ -82,7 +119,8 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     compiled_step = step_fn(case, step, compiled(path, module), inputs)
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
     before = _binaries(cache)
-    got, seconds = first_step(compiled_step, sync)
+    with _first_step_profile() as profile:
+        got, seconds = first_step(compiled_step, sync)
     # Binaries fetched from the service land in the cache too; they were not compiled here.
     fetched = _fetched_binaries() if path.startswith("kiln") else 0
     record: dict[str, Any] = {"path": path, "first_s": seconds,
@@ -93,6 +131,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     record["wall_ms"] = wall_ms(compiled_step, sync, iters)
     record["host_ms"] = host_ms(compiled_step, sync, iters)
     record["gpu_ms"] = gpu_ms(compiled_step, sync, min(iters, 5))
+    record.update(profile)
     if path.startswith("kiln"):
         import kiln
 
