@@ -96,6 +96,9 @@ def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None]
     if mode == "off" or not convs or not all(_eligible(c) for c in convs):
         return False
     out_node, outputs = _outputs(gm)
+    conv_elements = sum(c.args[0].meta["kiln_meta"].numel for c in convs)
+    if mode == "auto" and _copies_back_bound(convs, outputs) > RESTORE_SHARE * conv_elements:
+        return False  # a training forward: decided without rewriting it and back
     before = {o: o.meta.get("kiln_meta") for o in outputs}
     added: list[fx.Node] = []  # every copy this pass put in, to take out again
     copies: dict[fx.Node, fx.Node] = {}
@@ -122,7 +125,6 @@ def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None]
         propagate()
     changed = [o for o in dict.fromkeys(outputs)
                if isinstance(before[o], TensorMeta) and o.meta.get("kiln_meta") != before[o]]
-    conv_elements = sum(c.args[0].meta["kiln_meta"].numel for c in convs)
     repairs = [c for c in added if c.kwargs["memory_format"] == torch.contiguous_format]
     copied = sum(o.meta["kiln_meta"].numel for o in changed + repairs)
     if (not all(_row_major(before[o]) for o in changed)
@@ -134,6 +136,20 @@ def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None]
         out_node.replace_input_with(o, back)
     propagate()
     return True
+
+
+def _copies_back_bound(convs: list[fx.Node], outputs: list[fx.Node]) -> int:
+    """Elements of the 4-D outputs computed from a convolution: at most what copies back to
+    row-major would move (known before any rewrite and metadata run)."""
+    downstream: set[fx.Node] = set()
+    todo = list(convs)
+    while todo:
+        node = todo.pop()
+        if node not in downstream:
+            downstream.add(node)
+            todo.extend(node.users)
+    metas = [o.meta.get("kiln_meta") for o in dict.fromkeys(outputs) if o in downstream]
+    return sum(m.numel for m in metas if isinstance(m, TensorMeta) and len(m.shape) == 4)
 
 
 def _propagate_repairing_views(gm: fx.GraphModule, propagate: Callable[[], None],

@@ -7,6 +7,7 @@ result is checked against the size limits before the next node runs.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -60,8 +61,10 @@ def build_fx(spec: GraphSpec, device: str | torch.device | None = None) -> fx.Gr
     return fx.GraphModule(root, graph)
 
 
-def _arg_names(target: Any) -> set[str]:
-    return {a.name for a in target._schema.arguments}
+@functools.cache
+def _arg_names(target: Any) -> frozenset[str]:
+    """The names of an op's schema arguments (asked once per node of every graph built)."""
+    return frozenset(a.name for a in target._schema.arguments)
 
 
 def _result_meta(value: Any, node: str, limits: WireLimits) -> NodeMeta:
@@ -110,6 +113,11 @@ def _list_bound(node: NodeSpec, args: tuple, kwargs: dict) -> int:
     return max([dim_size, *ints, 1])
 
 
+@functools.cache
+def _returns_list(target: Any) -> bool:
+    return any(r.type.kind() == "ListType" for r in target._schema.returns)
+
+
 def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: WireLimits) -> Any:
     """One node's result on meta tensors, checked before and after; WireError on failure."""
     if node.op == GETITEM:
@@ -118,12 +126,11 @@ def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: 
         if not -len(args[0]) <= args[1] < len(args[0]):
             raise WireError(f"operator.getitem index {args[1]} out of range for {len(args[0])} results", where)
         return args[0][args[1]]
-    schema = node.target._schema
-    if any(r.type.kind() == "ListType" for r in schema.returns):
+    if _returns_list(node.target):
         bound = _list_bound(node, args, kwargs)
         if bound > limits.max_nodes:
             raise WireError(f"{node.op} could return {bound} tensors > limit {limits.max_nodes}", where)
-    if any(a.name == "device" for a in schema.arguments):
+    if "device" in _arg_names(node.target):
         kwargs = {**kwargs, "device": _META}  # factory ops would allocate on the CPU otherwise
     try:
         return node.target(*args, **kwargs)
