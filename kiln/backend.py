@@ -25,6 +25,7 @@ from kiln import config as kiln_config
 from kiln import degrade
 from kiln.background import Compiler
 from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
+from kiln.gc_pause import gc_paused
 from kiln.poller import Poller
 from kiln.resolve import Resolver
 
@@ -83,7 +84,8 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                                inference_compiler=compiler_for("inference"),
                                partition_fn=partition,
                                decompositions=compiler.decompositions())
-        return backend(gm, example_inputs)
+        with gc_paused():  # AOTAutograd's trace and the forward's compile
+            return backend(gm, example_inputs)
     except RestartAnalysis:
         raise  # dynamo's own control flow, not a failure
     except Exception as exc:  # degrade to eager, never break the job
@@ -199,13 +201,14 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
     """Convert, key, find a schedule for and build `entry`'s graph; what fails leaves it
     eager (warned once). On the training thread, or the background one. A backward whose
     graph was compiled ahead (`_Ahead`, while its forward compiled) takes that build."""
-    if entry.kind == "backward" and _take_ahead(entry, resolver, example_inputs):
-        return  # the very graph compiled ahead: its conversion too
-    if not _convert(entry, example_inputs):
-        return
-    if entry.kind == "backward" and _take_ahead(entry, resolver):
-        return
-    _settle(entry, resolver, _find(entry, resolver))
+    with gc_paused():
+        if entry.kind == "backward" and _take_ahead(entry, resolver, example_inputs):
+            return  # the very graph compiled ahead: its conversion too
+        if not _convert(entry, example_inputs):
+            return
+        if entry.kind == "backward" and _take_ahead(entry, resolver):
+            return
+        _settle(entry, resolver, _find(entry, resolver))
 
 
 def _convert(entry: CompiledGraph, example_inputs: list[Any], count: bool = True) -> bool:
@@ -309,6 +312,10 @@ class _Ahead:
         self.thread = threading.Thread(target=self._run, name="kiln-backward-ahead", daemon=True)
 
     def _run(self) -> None:
+        with gc_paused():
+            self._compile()
+
+    def _compile(self) -> None:
         try:
             try:
                 self.fingerprint = _fingerprint(self.entry.gm, self._inputs)
