@@ -78,13 +78,37 @@ def _outputs(gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]]:
     return out, [a for a in tree_flatten(out.args)[0] if isinstance(a, fx.Node)]
 
 
-def _copy(gm: fx.GraphModule, value: fx.Node, before: fx.Node, memory_format: torch.memory_format,
-          origins: dict[str, str], original_ops: dict[str, str]) -> fx.Node:
-    with gm.graph.inserting_before(before):
-        node = gm.graph.call_function(aten.clone.default, (value,), {"memory_format": memory_format})
-    origins[node.name] = node.name
-    original_ops[node.name] = "aten.clone.default"  # names the copy kernel `fused_clone`
-    return node
+class _Copies:
+    """The copies this pass puts into `gm`, named for kernel names (`fused_clone`), and
+    taken out again without a trace."""
+
+    def __init__(self, gm: fx.GraphModule, origins: dict[str, str],
+                 original_ops: dict[str, str]) -> None:
+        self.gm, self.origins, self.original_ops = gm, origins, original_ops
+        self.added: list[fx.Node] = []
+
+    def add(self, value: fx.Node, before: fx.Node, memory_format: torch.memory_format) -> fx.Node:
+        with self.gm.graph.inserting_before(before):
+            node = self.gm.graph.call_function(aten.clone.default, (value,),
+                                               {"memory_format": memory_format})
+        self.origins[node.name] = node.name
+        self.original_ops[node.name] = "aten.clone.default"
+        self.added.append(node)
+        return node
+
+    def remove(self, copy: fx.Node) -> None:
+        copy.replace_all_uses_with(copy.args[0])
+        self.gm.graph.erase_node(copy)
+        self.origins.pop(copy.name, None)
+        self.original_ops.pop(copy.name, None)
+        self.added.remove(copy)
+
+    def remove_all(self) -> None:
+        for copy in reversed(list(self.added)):
+            self.remove(copy)
+
+    def repairs(self) -> list[fx.Node]:
+        return [c for c in self.added if c.kwargs["memory_format"] == torch.contiguous_format]
 
 
 def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None],
@@ -100,40 +124,37 @@ def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None]
     if mode == "auto" and _copies_back_bound(convs, outputs) > RESTORE_SHARE * conv_elements:
         return False  # a training forward: decided without rewriting it and back
     before = {o: o.meta.get("kiln_meta") for o in outputs}
-    added: list[fx.Node] = []  # every copy this pass put in, to take out again
-    copies: dict[fx.Node, fx.Node] = {}
+    copies = _Copies(gm, origins, original_ops)
+    nhwc: dict[fx.Node, fx.Node] = {}  # value -> its channels-last copy
     for conv in convs:
         for value in conv.args[:2]:
             if channels_last(value.meta["kiln_meta"]):
                 continue
-            if value not in copies:
-                copies[value] = _copy(gm, value, conv, torch.channels_last, origins, original_ops)
-                added.append(copies[value])
-            conv.replace_input_with(value, copies[value])
-    if not added:
+            if value not in nhwc:
+                nhwc[value] = copies.add(value, conv, torch.channels_last)
+            conv.replace_input_with(value, nhwc[value])
+    if not nhwc:
         return False
-    if not _propagate_repairing_views(gm, propagate, added, origins, original_ops):
-        _undo(gm, added, propagate)
+    if not _propagate_repairing_views(gm, propagate, copies):
+        copies.remove_all()
+        propagate()
         return False
     # A value computed from an earlier convolution is channels-last now: its copy is idle.
-    idle = {c for c in copies.values() if c.args[0].meta.get("kiln_meta") == c.meta.get("kiln_meta")}
+    idle = [c for c in nhwc.values() if c.args[0].meta.get("kiln_meta") == c.meta.get("kiln_meta")]
     for copy in idle:
-        copy.replace_all_uses_with(copy.args[0])
-        gm.graph.erase_node(copy)
-    added = [c for c in added if c not in idle]
+        copies.remove(copy)
     if idle:
         propagate()
     changed = [o for o in dict.fromkeys(outputs)
                if isinstance(before[o], TensorMeta) and o.meta.get("kiln_meta") != before[o]]
-    repairs = [c for c in added if c.kwargs["memory_format"] == torch.contiguous_format]
-    copied = sum(o.meta["kiln_meta"].numel for o in changed + repairs)
+    copied = sum(o.meta["kiln_meta"].numel for o in changed + copies.repairs())
     if (not all(_row_major(before[o]) for o in changed)
             or (mode == "auto" and copied > RESTORE_SHARE * conv_elements)):
-        _undo(gm, added, propagate)
+        copies.remove_all()
+        propagate()
         return False
     for o in changed:
-        back = _copy(gm, o, out_node, torch.contiguous_format, origins, original_ops)
-        out_node.replace_input_with(o, back)
+        out_node.replace_input_with(o, copies.add(o, out_node, torch.contiguous_format))
     propagate()
     return True
 
@@ -153,11 +174,10 @@ def _copies_back_bound(convs: list[fx.Node], outputs: list[fx.Node]) -> int:
 
 
 def _propagate_repairing_views(gm: fx.GraphModule, propagate: Callable[[], None],
-                               added: list[fx.Node], origins: dict[str, str],
-                               original_ops: dict[str, str]) -> bool:
+                               copies: _Copies) -> bool:
     """Propagate metadata; a view that AOTAutograd traced on a row-major value and that
-    channels-last strides cannot express (flattening H and W, as a patch embedding does)
-    reads a row-major copy instead. False when something else fails."""
+    channels-last strides cannot express (flattening C, H and W) reads a row-major copy
+    instead. False when something else fails."""
     views = (aten.view.default, aten._unsafe_view.default)
     for _ in range(len(gm.graph.nodes)):
         try:
@@ -168,15 +188,5 @@ def _propagate_repairing_views(gm: fx.GraphModule, propagate: Callable[[], None]
             if node.target not in views or not isinstance(node.args[0], fx.Node):
                 return False
             source = node.args[0]
-            copy = _copy(gm, source, node, torch.contiguous_format, origins, original_ops)
-            node.replace_input_with(source, copy)
-            added.append(copy)
+            node.replace_input_with(source, copies.add(source, node, torch.contiguous_format))
     return False
-
-
-def _undo(gm: fx.GraphModule, added: list[fx.Node], propagate: Callable[[], None]) -> None:
-    """Take every copy out again: the graph is as it came in."""
-    for copy in reversed(added):
-        copy.replace_all_uses_with(copy.args[0])
-        gm.graph.erase_node(copy)
-    propagate()
