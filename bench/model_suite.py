@@ -104,6 +104,12 @@ def _first_step_profile() -> Iterator[dict[str, Any]]:
         found["dynamo_compile_times"] = compile_times(repr="str", aggregate=True)
 
 
+def _kiln_clock() -> float:
+    from kiln.degrade import clock
+
+    return clock()
+
+
 def run_path(model: str, step: str, path: str, device_name: str, small: bool,
              iters: int) -> dict[str, Any]:
     """In a fresh process: one path of one case, measured (see the module doc)."""
@@ -119,6 +125,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     compiled_step = step_fn(case, step, compiled(path, module), inputs)
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
     before = _binaries(cache)
+    started = _kiln_clock() if path.startswith("kiln") else None
     with _first_step_profile() as profile:
         got, seconds = first_step(compiled_step, sync)
     # Binaries fetched from the service land in the cache too; they were not compiled here.
@@ -136,6 +143,8 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
         import kiln
 
         record["stats"] = kiln.stats()
+        # kiln's compile steps per thread, the first step's start on the same clock
+        record["kiln_timeline"] = {"first_step_start": round(started, 4), "steps": kiln.timeline()}
     return record
 
 

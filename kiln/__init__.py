@@ -10,9 +10,10 @@ from importlib import import_module
 from typing import Any
 
 from kiln.config import Config, configure
-from kiln.degrade import KilnWarning, stats
+from kiln.degrade import KilnWarning, stats, timeline
 
-__all__ = ["Config", "KilnWarning", "configure", "remote_compile", "stats", "wait_compiled"]
+__all__ = ["Config", "KilnWarning", "configure", "remote_compile", "stats", "timeline",
+           "wait_compiled"]
 
 
 def __getattr__(name: str) -> Any:

@@ -84,8 +84,12 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                                inference_compiler=compiler_for("inference"),
                                partition_fn=partition,
                                decompositions=compiler.decompositions())
-        with gc_paused():  # AOTAutograd's trace and the forward's compile
-            return backend(gm, example_inputs)
+        start = time.perf_counter()
+        try:
+            with gc_paused():  # AOTAutograd's trace and the forward's compile
+                return backend(gm, example_inputs)
+        finally:
+            degrade.add_seconds("aot", time.perf_counter() - start)
     except RestartAnalysis:
         raise  # dynamo's own control flow, not a failure
     except Exception as exc:  # degrade to eager, never break the job

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import warnings
 from collections import Counter
 
@@ -70,6 +71,10 @@ _lock = threading.Lock()
 _warned: set[str] = set()
 _counts: Counter[str] = Counter()
 _seconds: Counter[str] = Counter()
+# Each timed step as it happened (`timeline`): where a first step's time goes, per thread.
+_START = time.perf_counter()  # the timeline's zero: when kiln was imported
+_timeline: list[tuple[str, str, float, float]] = []  # (step, thread, start s, seconds)
+TIMELINE_MAX = 2000  # steps kept; a long job's later ones are dropped
 
 
 def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
@@ -99,9 +104,31 @@ def count(name: str, n: int = 1) -> None:
 
 
 def add_seconds(name: str, seconds: float) -> None:
-    """Add to the process-wide time counter `seconds:<name>` (where compile time goes)."""
+    """Add to the process-wide time counter `seconds:<name>` (where compile time goes), and
+    put the step that just ended on the timeline."""
+    start = clock() - seconds
+    thread = threading.current_thread().name
     with _lock:
         _seconds[name] += seconds
+        if len(_timeline) < TIMELINE_MAX:
+            _timeline.append((name, thread, start, seconds))
+
+
+def clock() -> float:
+    """Seconds since kiln was imported: the timeline's clock."""
+    return time.perf_counter() - _START
+
+
+def timeline() -> list[dict[str, object]]:
+    """The timed compile steps of `stats()["seconds:<step>"]` one by one, in the order they
+    ended: `step`, `thread` (the training thread is `MainThread`; `kiln-backward-ahead`,
+    `kiln-prepare`, `kiln-compiler` and `kiln-poller` are kiln's), `start` (`clock()` when
+    it began) and `seconds`. Steps nest (`resolve` holds `build` and `precompile`) and
+    threads overlap, so where their seconds add up to more than a first step took, the
+    threads were waiting for each other (the GIL) or for the service."""
+    with _lock:
+        return [{"step": n, "thread": t, "start": round(s, 4), "seconds": round(d, 4)}
+                for n, t, s, d in _timeline]
 
 
 def stats() -> dict[str, float]:
@@ -113,10 +140,12 @@ def stats() -> dict[str, float]:
     - `builds`: graphs built into Triton kernels; `eager`: graphs run eagerly
     - `swaps`: tuned schedules swapped in after the first call
     - `fallback:<cause>`: how often each degrade cause happened
-    - `seconds:<step>`: time spent per compile step: `wire` (convert and key), `resolve`
-      (cache, service, build), `build` (code generation), `precompile` (Triton compiles and
-      loads the kernels), `background` (all of that, for graphs resolved off the training
-      thread)
+    - `seconds:<step>`: time spent per compile step: `aot` (AOTAutograd's trace of a
+      dynamo graph, with its forward or inference graph's compile in it), `wire` (convert
+      and key), `resolve` (cache, service, build), `build` (code generation), `precompile`
+      (Triton compiles and loads the kernels), `prepare` (once per process: compile workers
+      and Triton's loader, on a thread of its own), `background` (all of that, for graphs
+      resolved off the training thread); `timeline()` lists the steps one by one
     """
     with _lock:
         result: dict[str, float] = {k: 0 for k in ("schedules_local", "schedules_fetched",
@@ -138,4 +167,5 @@ def reset() -> None:
     with _lock:
         _warned.clear()
         _counts.clear()
+        _timeline.clear()
         _seconds.clear()
