@@ -2,6 +2,7 @@
 
     python -m bench.model_suite                         # every model and path, on cuda
     python -m bench.model_suite --models gpt2 --paths eager,kiln_heuristic
+    python -m bench.model_suite --cases gpt2.infer,resnet18.train --paths inductor,kiln_heuristic
     TRITON_INTERPRET=1 python -m bench.model_suite --device cpu --small \\
         --models gpt_block_train --paths eager,kiln_heuristic
 
@@ -239,10 +240,11 @@ def orchestrate(args: argparse.Namespace) -> int:
 
     from bench.flow import _fmt
 
-    cases = [(m, s) for m in args.models for s in args.steps
-             if not (m == "gpt_block_train" and s == "infer")]
+    cases = args.cases or [(m, s) for m in args.models for s in args.steps
+                           if not (m == "gpt_block_train" and s == "infer")]
     workdir = Path(tempfile.mkdtemp(prefix="kiln-models-"))
-    print(f"model suite: {len(cases)} cases x {len(args.paths)} paths; logs in {workdir}", flush=True)
+    print(f"model suite: {len(cases)} cases ({', '.join(f'{m}.{s}' for m, s in cases)}) x "
+          f"{len(args.paths)} paths; logs in {workdir}", flush=True)
     results: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
     hits: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
     for model, step in cases:
@@ -320,6 +322,20 @@ def _variants(text: str) -> dict[str, dict[str, str]]:
     return variants
 
 
+def _cases(text: str) -> list[tuple[str, str]]:
+    """`model.step,...` -> [(model, step), ...], each one a case of the set."""
+    from bench.models import MODELS, STEPS
+
+    cases = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        model, _, step = part.rpartition(".")
+        if model not in MODELS or step not in STEPS or (model, step) == ("gpt_block_train", "infer"):
+            raise argparse.ArgumentTypeError(f"{part!r} is not a case: MODEL.STEP with MODEL in "
+                                             f"{', '.join(sorted(MODELS))}, STEP in {', '.join(STEPS)}")
+        cases.append((model, step))
+    return cases
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.models import add_case_arguments
 
@@ -329,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=lambda s: s.split(","),
                         default=["gpt2", "resnet18", "gpt_block_train"])
     parser.add_argument("--steps", type=lambda s: s.split(","), default=["infer", "train"])
+    parser.add_argument("--cases", type=_cases, default=[], metavar="MODEL.STEP,...",
+                        help="exactly these cases (e.g. gpt2.infer,resnet18.train) instead of "
+                             "every --models x --steps pair")
     parser.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
     parser.add_argument("--merge", action="store_true",
                         help="lay the cases measured now over those already in --out (runs "

@@ -29,6 +29,11 @@ def test_the_model_suite_measures_eager_and_kiln(tmp_path: Path) -> None:
     assert kiln["stats"]["builds"] == 2 and kiln["stats"]["eager"] == 0  # forward and backward
     assert kiln["error_vs_eager"] < 0.02 and kiln["max_grad_error_vs_eager"] < 0.05
     assert kiln["host_ms"] > 0 and kiln["gpu_ms"] is None  # no GPU here
+    # where the first step went: dynamo's phases, kiln's steps per thread on kiln's clock
+    assert "create_aot_dispatcher_function" in kiln["dynamo_compile_times"]
+    timeline = kiln["kiln_timeline"]
+    assert [s["step"] for s in timeline["steps"]].count("build") == 2
+    assert all(s["start"] >= timeline["first_step_start"] for s in timeline["steps"])
 
 
 def test_a_merge_keeps_paths_measured_in_an_earlier_call_and_remakes_the_ratios() -> None:
@@ -95,3 +100,16 @@ def test_reduce_overhead_inductor_is_a_path_kiln_is_compared_with() -> None:
                                                 "kiln_heuristic": {"wall_ms": 0.8}})
     assert record["inductor_ro_first_s"] == 20.0
     assert record["kiln_heuristic_vs_inductor_ro"] == 1.25
+
+
+def test_cases_name_exact_model_and_step_pairs() -> None:
+    import argparse
+
+    import pytest
+
+    from bench.model_suite import _cases
+
+    assert _cases("gpt2.infer, resnet18.train") == [("gpt2", "infer"), ("resnet18", "train")]
+    for bad in ("gpt2.inferx", "resnet.train", "gpt_block_train.infer", "gpt2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a case"):
+            _cases(bad)
