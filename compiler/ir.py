@@ -11,6 +11,7 @@ padding inside kernels are index arithmetic in code generation, never copies.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -193,9 +194,14 @@ class Program:
 
     def origin_names(self, nodes: list[fx.Node]) -> list[str]:
         """Input-graph node names behind `nodes`, unique, in input-graph order."""
-        order = {name: i for i, name in enumerate(self.original_ops)}
+        order = self._origin_order
         names = {self.origins.get(n.name, n.name) for n in nodes}
         return sorted((n for n in names if n in order), key=order.__getitem__)
+
+    @functools.cached_property
+    def _origin_order(self) -> dict[str, int]:
+        # asked for every kernel (names, schedules, comments): made once per program
+        return {name: i for i, name in enumerate(self.original_ops)}
 
 
 def meta(node: fx.Node) -> TensorMeta:
