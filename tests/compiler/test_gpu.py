@@ -28,6 +28,15 @@ CASES = {
                                   torch.randn(200).bfloat16()], (5e-2, 5e-2)),
     "bias_grad": (lambda g: (g.sum(0), g.t().contiguous()), lambda: [torch.randn(4000, 96)],
                   (1e-4, 1e-4)),
+    # an inference block: its convolutions run channels-last (KILN_CHANNELS_LAST=auto) on
+    # cuDNN, with NHWC pointwise kernels and a row-major 1x1 weight (compiler/lowering/layout.py)
+    "conv_block_nhwc_bf16": (
+        lambda x, w1, w2, scale, shift: (torch.relu(
+            F.conv2d(x, w1, padding=1) * scale[:, None, None] + shift[:, None, None])
+            + F.conv2d(x, w2)).mean((2, 3)),
+        lambda: [torch.randn(8, 16, 14, 13).bfloat16(), torch.randn(32, 16, 3, 3).bfloat16(),
+                 torch.randn(32, 16, 1, 1).bfloat16(), torch.rand(32).bfloat16() + 0.5,
+                 torch.randn(32).bfloat16()], (5e-2, 5e-2)),
 }
 
 
