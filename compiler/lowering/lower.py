@@ -90,26 +90,35 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
     between runs change few nodes; running every op on the meta device is most of
     lowering's time)."""
     values: dict[fx.Node, object] = {}
+    validated: set[fx.Node] = set()  # nodes whose value here is the one validation computed
     placeholders = iter(inputs)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             m = next(placeholders, None)
             values[node] = _meta_tensor(m) if m is not None else None
+            _note_validated(node, values[node], validated)
         elif node.op == "get_attr":
             values[node] = _to_meta(_attr(gm, node.target))
+            _note_validated(node, values[node], validated)
         elif node.op == "call_function":
             key = _meta_key(node)
             kept = _recorded(node, key) if reuse else None
             if kept is not None:
                 values[node] = kept
                 continue
-            args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
-            args, kwargs = tree_map(_meta_device, (args, kwargs))
-            try:
-                values[node] = _META_RULES.get(node.target, node.target)(*args, **kwargs)
-            except Exception as exc:  # an op the meta device cannot run: no metadata
-                raise MetaError(node, f"node {node.name} ({op_name(node)}): cannot infer "
-                                      f"its shape ({type(exc).__name__}: {exc})") from exc
+            if not reuse and _takes_validated(node, validated):
+                values[node] = node.meta["wire_value"]
+                validated.add(node)
+            else:
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+                args, kwargs = tree_map(_meta_device, (args, kwargs))
+                try:
+                    values[node] = _META_RULES.get(node.target, node.target)(*args, **kwargs)
+                except Exception as exc:  # an op the meta device cannot run: no metadata
+                    raise MetaError(node, f"node {node.name} ({op_name(node)}): cannot infer "
+                                          f"its shape ({type(exc).__name__}: {exc})") from exc
+                if not reuse:
+                    _note_validated(node, values[node], validated)
             node.meta["kiln_meta_key"] = key
         elif node.op == "output":
             continue
@@ -117,6 +126,29 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
             raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
         node.meta["kiln_meta"] = tree_map(
             lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else None, values[node])
+
+
+def _metas(value: object) -> object:
+    return tree_map(lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else v, value)
+
+
+def _note_validated(node: fx.Node, value: object, validated: set[fx.Node]) -> None:
+    """Count `node` as validated when its value here has the metadata of the one that wire
+    validation computed for it (`Graph.to_fx`'s `wire_value`)."""
+    if "wire_value" in node.meta and _metas(value) == _metas(node.meta["wire_value"]):
+        validated.add(node)
+
+
+def _takes_validated(node: fx.Node, validated: set[fx.Node]) -> bool:
+    """Whether the first metadata run may take the value wire validation computed for
+    `node` instead of running its op: same op on arguments of the same metadata (every input
+    validated), no layout rule of kiln's own (`_META_RULES`), and tensors only."""
+    value = node.meta.get("wire_value")
+    if value is None or node.target in _META_RULES:
+        return False
+    leaves = tree_leaves(value)
+    return (bool(leaves) and all(isinstance(v, torch.Tensor) for v in leaves)
+            and all(a in validated for a in node.all_input_nodes))
 
 
 def _convolution_meta(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:

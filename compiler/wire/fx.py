@@ -142,10 +142,13 @@ def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: 
 
 def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits,
                deadline: float | None = None,
-               cancel: threading.Event | None = None) -> dict[str, NodeMeta]:
+               cancel: threading.Event | None = None,
+               values: dict[str, Any] | None = None) -> dict[str, NodeMeta]:
     """Each node's result meta, computed on meta tensors; WireError naming the node if an op
     rejects its arguments, a result passes the limits, or the elements of all results
     together pass `max_total_numel`. `display` maps names to the names errors should use.
+    `values`, when given, receives every input's, constant's and node's meta value (what
+    lowering's own metadata run would compute: it takes them instead, `Graph.to_fx`).
 
     Between nodes: past `deadline` (a `time.monotonic()` value) WireError; with `cancel`
     set, `ValidationCancelled` (no single node runs for long, so either stops soon)."""
@@ -185,4 +188,6 @@ def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits,
             raise WireError(f"the graph's results hold more than {limits.max_total_numel} "
                             "elements together (KILN_MAX_TOTAL_NUMEL)", where)
         env[node.name] = result
+    if values is not None:
+        values.update(env)
     return metas

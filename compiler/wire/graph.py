@@ -50,10 +50,12 @@ class Graph:
     constructor directly.
     """
 
-    def __init__(self, spec: GraphSpec, canonical: dict[str, Any]) -> None:
+    def __init__(self, spec: GraphSpec, canonical: dict[str, Any],
+                 meta_values: dict[str, Any] | None = None) -> None:
         self._spec = spec
         self._json = canonical
         self._text: str | None = None
+        self._meta_values = meta_values or {}  # validation's meta tensors, by name
 
     @property
     def inputs(self) -> list[InputSpec]:
@@ -89,13 +91,17 @@ class Graph:
     def to_fx(self, device: str | torch.device | None = None) -> fx.GraphModule:
         """A runnable aten GraphModule: placeholders in input order, returns a tuple in
         `outputs` order; node names are the canonical names, and `node.meta["wire_meta"]`
-        holds each node's checked wire meta. `device` replaces every device argument (and
-        places constants), e.g. to run a CUDA graph on the CPU."""
+        holds each node's checked wire meta, `node.meta["wire_value"]` the meta value that
+        validation computed for it (lowering takes it instead of running the op again).
+        `device` replaces every device argument (and places constants), e.g. to run a CUDA
+        graph on the CPU."""
         gm = build_fx(self._spec, device)
         metas = {n.name: n.meta for n in self._spec.nodes}
         for node in gm.graph.nodes:
             if node.name in metas:
                 node.meta["wire_meta"] = metas[node.name]
+            if node.name in self._meta_values:
+                node.meta["wire_value"] = self._meta_values[node.name]
         return gm
 
     def op_summary(self) -> dict[str, int]:
@@ -224,7 +230,8 @@ def _build(doc: Any, wire_limits: WireLimits, require_meta: bool,
     names = _canonical_names(spec)
     canonical = _canonical_spec(spec, names)
     display = {new: old for old, new in names.items()}
-    inferred = infer_meta(canonical, display, wire_limits, deadline, cancel)
+    values: dict[str, Any] = {}
+    inferred = infer_meta(canonical, display, wire_limits, deadline, cancel, values)
     nodes = []
     for node in canonical.nodes:
         meta = inferred.get(node.name)
@@ -237,7 +244,7 @@ def _build(doc: Any, wire_limits: WireLimits, require_meta: bool,
             )
         nodes.append(replace(node, meta=declared if require_meta else meta))
     canonical = replace(canonical, nodes=tuple(nodes))
-    return Graph(canonical, _to_json(canonical))
+    return Graph(canonical, _to_json(canonical), values)
 
 
 def parse_json(body: str | bytes | bytearray, max_bytes: int | None = None) -> Any:

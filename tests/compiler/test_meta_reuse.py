@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import fx
@@ -14,6 +15,7 @@ from compiler.ir import TensorMeta
 from compiler.lowering import lower
 from compiler.lowering.lower import lower_fx, propagate_meta
 from tests.compiler.oputil import rand, trace
+from tests.corpus import case, case_names
 
 
 def _graph() -> tuple[fx.GraphModule, list[TensorMeta]]:
@@ -59,3 +61,61 @@ def test_lowering_with_reuse_gives_what_full_runs_give(monkeypatch) -> None:
     full = lower_fx(gm, metas)
     assert _all_metas(reused) == _all_metas(full)
     assert not any("kiln_meta_key" in n.meta for n in reused.gm.graph.nodes)
+
+
+def _lowered_from_wire(gm: fx.GraphModule, inputs: list, validated: bool):  # noqa: ANN202
+    from compiler.wire.graph import to_graph
+
+    graph = to_graph(gm, inputs)
+    made = graph.to_fx()
+    if not validated:
+        for node in made.graph.nodes:
+            node.meta.pop("wire_value", None)
+    return lower_fx(made, list(graph.inputs), owned=True)
+
+
+@pytest.mark.parametrize("name", case_names())
+def test_lowering_takes_wire_validation_metas_and_gives_what_its_own_run_gives(name: str) -> None:
+    """A graph made from the wire format carries the meta values its validation computed;
+    lowering's first metadata run takes them instead of running the ops again, and every
+    node's metadata is what running them gives (the corpus: inference, training forward
+    and backward of five models, convolutions and their layout rule included)."""
+    c = case(name)
+    taken = _lowered_from_wire(c.gm, c.example_inputs, validated=True)
+    ran = _lowered_from_wire(c.gm, c.example_inputs, validated=False)
+    assert _all_metas(taken) == _all_metas(ran)
+
+
+def test_the_first_metadata_run_takes_validated_values_instead_of_running_ops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = case("gpt_block.train_fwd")
+    ran: list[object] = []
+
+    class Counting(dict):  # every op lowering runs on the meta device asks it for a rule
+        def get(self, key, default=None):  # noqa: ANN001, ANN202
+            ran.append(key)
+            return super().get(key, default)
+
+    monkeypatch.setattr(lower, "_META_RULES", Counting(lower._META_RULES))
+    _lowered_from_wire(c.gm, c.example_inputs, validated=True)
+    with_values = len(ran)
+    ran.clear()
+    _lowered_from_wire(c.gm, c.example_inputs, validated=False)
+    assert 0 < with_values < len(ran) / 2
+
+
+def test_a_convolution_validation_saw_as_row_major_is_run_with_kiln_s_layout_rule() -> None:
+    """Validation runs torch's meta kernel, which gives every convolution a row-major
+    result; lowering's rule gives a channels-last input's convolution an NHWC one, so that
+    node and the nodes after it run again instead of taking validation's values."""
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(F.conv2d(x, w)) * 3
+
+    x = rand((2, 4, 6, 5), seed=4).to(memory_format=torch.channels_last)
+    w = rand((3, 4, 3, 3), seed=5)
+    gm = trace(fn, x, w)
+    taken = _lowered_from_wire(gm, [x, w], validated=True)
+    ran = _lowered_from_wire(gm, [x, w], validated=False)
+    assert _all_metas(taken) == _all_metas(ran)
+    (conv,) = [n for n in taken.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert conv.meta["kiln_meta"].stride[1] == 1  # NHWC
