@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from compiler.wire.decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
 from compiler.wire.limits import WireLimits
@@ -58,7 +59,9 @@ def build_fx(spec: GraphSpec, device: str | torch.device | None = None) -> fx.Gr
             kwargs.setdefault("device", override)  # factory ops default to the CPU otherwise
         env[node.name] = graph.create_node("call_function", node.target, args, kwargs, name=node.name)
     graph.output(tuple(env[r.name] if r is not None else None for r in spec.outputs))
-    return fx.GraphModule(root, graph)
+    # Lazy: its Python code is generated when first read or called (a run, a debug print),
+    # not here and at each `recompile()` of lowering's passes, which never need it.
+    return _LazyGraphModule(root, graph)
 
 
 @functools.cache
