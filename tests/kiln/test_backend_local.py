@@ -425,3 +425,28 @@ def test_cpu_graphs_run_eagerly_without_the_interpreter(monkeypatch, kiln_warnin
     assert causes(kiln_warnings) == {"cpu_eager": 1}
     stats = kiln.stats()
     assert stats["builds"] == 0 and stats["eager"] == 2
+
+
+def test_a_channels_last_conv_model_trains_like_eager(kiln_warnings):
+    """`model.to(memory_format=torch.channels_last)`: AOTAutograd traces NHWC activations,
+    and kiln's forward must give its convolutions' results that layout too (torch's meta
+    kernel says row-major; the backward then refused the forward's activations)."""
+    kiln.configure(url=None)
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 1), torch.nn.ReLU()).to(memory_format=torch.channels_last)
+
+    x = torch.randn(2, 3, 7, 6).to(memory_format=torch.channels_last)
+    ref, model = make(), make()
+    want = ref(x)
+    want.float().square().mean().backward()
+    got = torch.compile(model, backend="kiln")(x)
+    got.float().square().mean().backward()
+    torch.testing.assert_close(got, want)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert kiln.stats()["builds"] == 2 and kiln.stats()["eager"] == 0
+    assert not causes(kiln_warnings)
