@@ -96,10 +96,8 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
         if node.op == "placeholder":
             m = next(placeholders, None)
             values[node] = _meta_tensor(m) if m is not None else None
-            _note_validated(node, values[node], validated)
         elif node.op == "get_attr":
             values[node] = _to_meta(_attr(gm, node.target))
-            _note_validated(node, values[node], validated)
         elif node.op == "call_function":
             key = _meta_key(node)
             kept = _recorded(node, key) if reuse else None
@@ -117,26 +115,22 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
                 except Exception as exc:  # an op the meta device cannot run: no metadata
                     raise MetaError(node, f"node {node.name} ({op_name(node)}): cannot infer "
                                           f"its shape ({type(exc).__name__}: {exc})") from exc
-                if not reuse:
-                    _note_validated(node, values[node], validated)
             node.meta["kiln_meta_key"] = key
         elif node.op == "output":
             continue
         else:
             raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
-        node.meta["kiln_meta"] = tree_map(
-            lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else None, values[node])
+        found = _metas(values[node])
+        # validated: its value here has the metadata of the one wire validation computed
+        if (not reuse and node not in validated and "wire_value" in node.meta
+                and found == _metas(node.meta["wire_value"])):
+            validated.add(node)
+        node.meta["kiln_meta"] = tree_map(lambda v: v if isinstance(v, TensorMeta) else None, found)
 
 
 def _metas(value: object) -> object:
+    """`value` with its tensors as TensorMetas (other leaves as they are)."""
     return tree_map(lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else v, value)
-
-
-def _note_validated(node: fx.Node, value: object, validated: set[fx.Node]) -> None:
-    """Count `node` as validated when its value here has the metadata of the one that wire
-    validation computed for it (`Graph.to_fx`'s `wire_value`)."""
-    if "wire_value" in node.meta and _metas(value) == _metas(node.meta["wire_value"]):
-        validated.add(node)
 
 
 def _takes_validated(node: fx.Node, validated: set[fx.Node]) -> bool:
