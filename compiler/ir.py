@@ -69,22 +69,41 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def dense_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a dense tensor of `shape` laid out in `order` (outermost dim first)."""
+    strides, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= max(shape[d], 1)  # as contiguous_strides and torch: empty dims count as 1
+    return tuple(strides)
+
+
+def same_strides(m: TensorMeta, want: tuple[int, ...]) -> bool:
+    """`m` has strides `want`, ignoring the strides of size-1 dims."""
+    return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, want, strict=False))
+
+
+def dense(m: TensorMeta) -> bool:
+    """Row-major contiguous, ignoring the strides of size-1 dims."""
+    return same_strides(m, contiguous_strides(m.shape))
+
+
+def memory_order(m: TensorMeta) -> tuple[int, ...]:
+    """Dims outermost first by stride (size-1 and broadcast dims first, in dim order)."""
+    def key(d: int) -> tuple[int, int, int]:
+        if m.shape[d] == 1 or m.stride[d] == 0:
+            return (0, 0, d)
+        return (1, -m.stride[d], d)
+    return tuple(sorted(range(len(m.shape)), key=key))
+
+
 def storage_order(m: TensorMeta) -> tuple[int, ...]:
-    """Dims from outermost to innermost in memory, when `m` is dense in an order other than
-    row-major (channels-last, a transposed copy); () otherwise. Size-1 dims keep their
-    place: their strides say nothing."""
-    sized = sorted((d for d, s in enumerate(m.shape) if s != 1), key=lambda d: -m.stride[d])
-    acc = 1
-    for d in reversed(sized):
-        if m.stride[d] != acc:
-            return ()
-        acc *= m.shape[d]
-    if sized == sorted(sized):
+    """`memory_order(m)` when `m` is dense in that order and it is not row-major
+    (channels-last, a transposed copy); () otherwise."""
+    if dense(m):
         return ()
-    order, rest = [], iter(sized)
-    for d in range(len(m.shape)):
-        order.append(d if m.shape[d] == 1 else next(rest))
-    return tuple(order)
+    order = memory_order(m)
+    return order if same_strides(m, dense_strides(m.shape, order)) else ()
 
 
 @dataclass(frozen=True)

@@ -226,12 +226,3 @@ def merge_dims(idx: Index, m: TensorMeta) -> tuple[Index, TensorMeta]:
             i += 1
     return tuple(out_idx), TensorMeta(m.dtype, tuple(shape), tuple(stride), m.offset)
 
-
-def dense(m: TensorMeta) -> bool:
-    """Row-major contiguous, ignoring the strides of size-1 dims."""
-    return same_strides(m, contiguous_strides(m.shape))
-
-
-def same_strides(m: TensorMeta, want: tuple[int, ...]) -> bool:
-    """`m` has strides `want`, ignoring the strides of size-1 dims."""
-    return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, want, strict=False))

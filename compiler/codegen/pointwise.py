@@ -8,7 +8,7 @@ from torch import fx
 
 from compiler.codegen.common import Index, NotFusible, reshape_index
 from compiler.codegen.writer import Generated, Writer, assemble, define_dims, store
-from compiler.ir import KernelGroup, meta
+from compiler.ir import KernelGroup, dense_strides, meta
 
 
 def generate(group: KernelGroup, writer: Writer, comment: list[str],
@@ -21,14 +21,12 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str],
     w.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
     w.emit("xmask = xindex < xnumel")
     order = group.domain.order
-    if order:  # the flat index walks memory order: dims defined in it, index in shape order
-        walked = define_dims(w, "xindex", tuple(shape[d] for d in order), "x")
-        natural = tuple(walked[order.index(d)] for d in range(len(shape)))
-        w.flat_forms[(natural, shape)] = "xindex"
+    walk = order or tuple(range(len(shape)))  # dims defined in walk order, index in shape order
+    walked = define_dims(w, "xindex", tuple(shape[d] for d in walk), "x")
+    natural = tuple(walked[walk.index(d)] for d in range(len(shape)))
+    w.flat_forms[(natural, shape)] = "xindex"
+    if order:  # the flat index is a buffer's offset only where the buffer is dense in `order`
         w.flat_layouts[(natural, shape)] = dense_strides(shape, order)
-    else:
-        natural = define_dims(w, "xindex", shape, "x")
-        w.flat_forms[(natural, shape)] = "xindex"
     for node in members if members is not None else group.stored:
         idx = member_index(w, node, natural, shape, "xindex", ordered=bool(order))
         store(w, node, idx, w.value(node, idx, "xmask"), "xmask")
@@ -50,11 +48,3 @@ def member_index(w: Writer, node: fx.Node, natural: Index, shape: tuple[int, ...
         w.flat_forms[(idx, m)] = flat
     return idx
 
-
-def dense_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides of a dense tensor of `shape` laid out in `order` (outermost dim first)."""
-    strides, acc = [0] * len(shape), 1
-    for d in reversed(order):
-        strides[d] = acc
-        acc *= shape[d]
-    return tuple(strides)

@@ -22,15 +22,13 @@ from compiler.codegen.common import (
     broadcast_index,
     compute_dtype,
     decompose,
-    dense,
     linear,
     merge_dims,
     paren,
-    same_strides,
     tl_dtype,
 )
 from compiler.codegen.views import is_view, view_source
-from compiler.ir import TensorMeta, contiguous_strides, meta
+from compiler.ir import TensorMeta, contiguous_strides, dense, meta, same_strides
 
 # Nested value() evaluations one Writer runs before unwinding (see Writer.value): each
 # costs about five Python frames, so this stays well inside the default recursion limit.

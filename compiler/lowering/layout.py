@@ -28,7 +28,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from compiler.ir import MetaError, TensorMeta, contiguous_strides
+from compiler.ir import MetaError, TensorMeta, dense, dense_strides, same_strides
 
 aten = torch.ops.aten
 ENV = "KILN_CHANNELS_LAST"
@@ -44,19 +44,12 @@ def policy() -> str:
     return value
 
 
+NHWC = (0, 2, 3, 1)  # channels-last: dims outermost first
+
+
 def channels_last(m: TensorMeta) -> bool:
     """4-D and dense in N, H, W, C order (size-1 dims' strides do not matter)."""
-    if len(m.shape) != 4:
-        return False
-    n, c, h, w = m.shape
-    want = contiguous_strides((n, h, w, c))
-    got = (m.stride[0], m.stride[2], m.stride[3], m.stride[1])
-    return all(s == 1 or a == b for s, a, b in zip((n, h, w, c), got, want, strict=True))
-
-
-def _row_major(m: TensorMeta) -> bool:
-    return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, contiguous_strides(m.shape),
-                                                   strict=True))
+    return len(m.shape) == 4 and same_strides(m, dense_strides(m.shape, NHWC))
 
 
 def _convolutions(gm: fx.GraphModule) -> list[fx.Node]:
@@ -148,7 +141,7 @@ def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None]
     changed = [o for o in dict.fromkeys(outputs)
                if isinstance(before[o], TensorMeta) and o.meta.get("kiln_meta") != before[o]]
     copied = sum(o.meta["kiln_meta"].numel for o in changed + copies.repairs())
-    if (not all(_row_major(before[o]) for o in changed)
+    if (not all(dense(before[o]) for o in changed)
             or (mode == "auto" and copied > RESTORE_SHARE * conv_elements)):
         copies.remove_all()
         propagate()

@@ -73,7 +73,7 @@ from torch import fx
 
 from compiler.codegen.common import TL_DTYPES, Unsupported
 from compiler.codegen.reduction import identity, reduction_info
-from compiler.ir import Domain, TensorMeta
+from compiler.ir import Domain, TensorMeta, memory_order
 
 aten = torch.ops.aten
 
@@ -124,15 +124,6 @@ class Split:
     order: tuple[int, ...]
     outer: tuple[int, ...]
     split: tuple[int, int, int] | None
-
-
-def memory_order(m: TensorMeta) -> tuple[int, ...]:
-    """Dims outermost first by stride (size-1 and broadcast dims first, in dim order)."""
-    def key(d: int) -> tuple[int, int, int]:
-        if m.shape[d] == 1 or m.stride[d] == 0:
-            return (0, 0, d)
-        return (1, -m.stride[d], d)
-    return tuple(sorted(range(len(m.shape)), key=key))
 
 
 def _factor(n: int, ideal: int) -> int:
