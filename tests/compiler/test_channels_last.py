@@ -5,7 +5,7 @@ convolution results are given the layout the device's kernels give them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -48,7 +48,9 @@ class _Block(nn.Module):
         return self.head(y.mean((2, 3)))
 
 
-def _inference_graph(model: nn.Module, x: torch.Tensor) -> tuple[torch.fx.GraphModule, list]:
+def _inference_graph(model: nn.Module, x: torch.Tensor) -> tuple[Callable, list[torch.Tensor]]:
+    """`model` as a function of its input and its state (what AOTAutograd's inference graph
+    takes), and those inputs."""
     params = [p.detach() for p in model.parameters()] + [b for b in model.buffers()]
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
 
