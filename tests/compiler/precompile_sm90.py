@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,8 @@ from triton.runtime.driver import driver
 import compiler
 from compiler.runtime import compile_pool
 from tests.compiler.oputil import rand, trace
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class StandInCuda:
@@ -40,6 +45,32 @@ def _layers(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.
     """Two identical linear-GELU layers and a softmax: three launches, two kernels."""
     y = F.gelu(F.gelu(x @ w1) @ w2)
     return y, torch.softmax(y, -1)
+
+
+def build_for_sm90(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
+    """(schedule, Built) of `gm` for an sm_90 target, every launch compiled by Triton's JIT
+    for sm_90 through the stand-in driver (nothing launches). Run with the interpreter off."""
+    target = compiler.Target.named("sm_90", name="NVIDIA H200")
+    schedule = compiler.heuristic_schedule(gm, target, inputs)
+    built = compiler.build(gm, schedule, inputs)
+    driver.set_active(StandInCuda())
+    for info in built.launches():
+        info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs, **info.options)
+    return schedule, built
+
+
+def run_module(module: str, tmp_path: Path, *args: str, unset: tuple[str, ...] = (),
+               timeout: float = 900, **env: str) -> list[str]:
+    """`python -m module *args` with the interpreter off, Triton's cache and the kernel
+    directory under `tmp_path`, `unset` variables removed and `env` set; its stdout lines
+    (it must exit 0)."""
+    child = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", *unset)}
+    child.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_KERNEL_DIR=str(tmp_path / "kernels"),
+                 **env)
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=child,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()
 
 
 def _cache_files() -> int:

@@ -6,9 +6,6 @@ convolution results are given the layout the device's kernels give them."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import compiler
 from compiler.ir import TensorMeta, contiguous_strides, storage_order
 from compiler.lowering import frontend
 from compiler.lowering.frontend import lower_graph
@@ -229,9 +225,6 @@ def test_a_view_that_nhwc_strides_cannot_express_reads_a_row_major_copy(layout) 
 
 # ---- a resnet stage at real size compiles for sm_90 -------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 def _resnet_stage(x, w1, w2, wd, s1, b1, s2, b2, fc):  # noqa: ANN001, ANN202
     """A resnet18 basic block with a strided 1x1 downsample, then pooling and a head."""
     def bn(y, s, b):  # noqa: ANN001, ANN202 - inference batch norm: scale and shift
@@ -253,18 +246,10 @@ def _resnet_stage_inputs() -> list[torch.Tensor]:
 def _precompile_main() -> None:
     """Build the real-size resnet stage for an sm_90 target and compile every kernel with
     Triton for sm_90 (a stand-in driver; nothing launches). Prints one JSON line."""
-    from triton.runtime.driver import driver
-
-    from tests.compiler.precompile_sm90 import StandInCuda
+    from tests.compiler.precompile_sm90 import build_for_sm90
 
     inputs = _resnet_stage_inputs()
-    gm = trace(_resnet_stage, *inputs)
-    target = compiler.Target.named("sm_90", name="NVIDIA H200")
-    schedule = compiler.heuristic_schedule(gm, target, inputs)
-    built = compiler.build(gm, schedule, inputs)
-    driver.set_active(StandInCuda())
-    for info in built.launches():
-        info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs, **info.options)
+    schedule, built = build_for_sm90(trace(_resnet_stage, *inputs), inputs)
     print(json.dumps({
         "convs_nhwc": [channels_last(c.meta["kiln_meta"]) for c in _convs(built.program)],
         "orders": [list(g.domain.order) for g in built.program.kernels if g.kind == "pointwise"],
@@ -272,12 +257,9 @@ def _precompile_main() -> None:
 
 
 def test_a_real_size_resnet_stage_runs_channels_last_and_compiles_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", ENV)}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_KERNEL_DIR=str(tmp_path / "kernels"))
-    done = subprocess.run([sys.executable, "-m", "tests.compiler.test_channels_last"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    from tests.compiler.precompile_sm90 import run_module
+
+    found = json.loads(run_module("tests.compiler.test_channels_last", tmp_path, unset=(ENV,))[-1])
     assert found["convs_nhwc"] == [True, True, True]
     assert [0, 2, 3, 1] in found["orders"]  # the NHWC batch-norm and residual kernels
     cubins = list((tmp_path / "triton").rglob("*.cubin"))

@@ -4,9 +4,6 @@ finds every binary in Triton's cache, and the pool outlives a compile that crash
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +11,13 @@ import pytest
 from compiler.runtime import compile_pool
 from compiler.runtime.compile_pool import CRASHED, CompileJob, CompilePool
 from tests.compiler.crashing_compile import crash_on_boom
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.compiler.precompile_sm90 import run_module
 
 
 def _precompile_sm90(tmp_path: Path, *args: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_KERNEL_DIR=str(tmp_path / "kernels"),
-               KILN_COMPILE_WORKERS="2", TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, "-m", "tests.compiler.precompile_sm90", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = run_module("tests.compiler.precompile_sm90", tmp_path, *args, timeout=600,
+                       KILN_COMPILE_WORKERS="2", TRITON_DEFAULT_FP_FUSION="1")
+    return json.loads(lines[-1])
 
 
 def test_workers_compile_each_distinct_kernel_once_and_the_jit_loads_them_from_the_cache(

@@ -7,9 +7,6 @@ sizes for sm_90 without a GPU (run with the interpreter off; a test below does).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +21,6 @@ from compiler.lowering.split_reductions import ENV, SplitPolicy, plan_split, pol
 from tests.compiler.oputil import assert_matches, check, rand, strided, trace
 
 aten = torch.ops.aten
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -329,31 +325,20 @@ def _real_cases() -> dict[str, tuple]:
 def _precompile_main() -> None:
     """Build each real-size case for an sm_90 target and compile every kernel with Triton for
     sm_90 (a stand-in driver; nothing launches). Prints one JSON line per case."""
-    from triton.runtime.driver import driver
+    from tests.compiler.precompile_sm90 import build_for_sm90
 
-    from tests.compiler.precompile_sm90 import StandInCuda
-
-    target = compiler.Target.named("sm_90", name="NVIDIA H200")
     for name, (fn, *inputs) in _real_cases().items():
-        gm = trace(fn, *inputs)
-        schedule = compiler.heuristic_schedule(gm, target, inputs)
-        built = compiler.build(gm, schedule, inputs)
-        driver.set_active(StandInCuda())
-        infos = built.launches()
-        for info in infos:
-            info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs, **info.options)
+        schedule, _ = build_for_sm90(trace(fn, *inputs), inputs)
         print(json.dumps({"case": name, "kernels": [
             {"name": k.name, "variant": k.variant, "sizes": k.sizes, "config": k.config}
             for k in schedule.kernels]}), flush=True)
 
 
 def test_real_sizes_compile_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", ENV)}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_KERNEL_DIR=str(tmp_path / "kernels"))
-    done = subprocess.run([sys.executable, "-m", "tests.compiler.test_split_reductions"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    cases = {c["case"]: c["kernels"] for c in map(json.loads, done.stdout.strip().splitlines())}
+    from tests.compiler.precompile_sm90 import run_module
+
+    lines = run_module("tests.compiler.test_split_reductions", tmp_path, unset=(ENV,))
+    cases = {c["case"]: c["kernels"] for c in map(json.loads, lines)}
     cubins = list((tmp_path / "triton").rglob("*.cubin"))
     assert len(cubins) >= sum(map(len, cases.values())) // 2  # kernels compiled for sm_90
     assert set(cases) == set(_real_cases())
