@@ -9,6 +9,7 @@ cause, never to an exception in the training job.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import logging
@@ -22,8 +23,9 @@ import torch
 
 import compiler
 from kiln import config as kiln_config
-from kiln import degrade
+from kiln import degrade, plans
 from kiln.background import Compiler
+from kiln.client import ServiceError
 from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
 from kiln.gc_pause import gc_paused
 from kiln.poller import Poller
@@ -72,8 +74,19 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     def tag_of(kind: str) -> str | None:
         return config.tag or (f"{model} {kind}" if model else None)
 
+    recorder = None
+    key = _plan_key(gm, example_inputs, config)
+    if key is not None:
+        runner = _compile_planned(key, gm, example_inputs, _resolver(config), tag_of)
+        if runner is not None:
+            return runner
+        recorder = plans.Recorder(key, functools.partial(_publish_plan,
+                                                         resolver=_resolver(config)),
+                                  plans.shares_storage(example_inputs))
+
     def compiler_for(kind: str) -> Callable[..., Any]:
-        return functools.partial(compile_graph, config=config, kind=kind, tag=tag_of(kind))
+        return functools.partial(compile_graph, config=config, kind=kind, tag=tag_of(kind),
+                                 recorder=recorder)
 
     partition = _Partition()  # its backward graph compiles while the forward does
     try:
@@ -162,12 +175,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                   config: kiln_config.Config | None = None,
                   kind: str = "inference", tag: str | None = None,
                   partition: _Partition | None = None,
-                  backward_tag: str | None = None) -> Callable[..., Any]:
+                  backward_tag: str | None = None,
+                  recorder: plans.Recorder | None = None) -> Callable[..., Any]:
     """Compile one aten graph (`kind`: forward, backward or inference) into a callable
     (AOTAutograd's boxed convention: it takes one list of inputs). `tag` names the entry on
     the dashboard (default: the config's `tag`). A forward's `partition` holds the backward
     graph AOTAutograd partitioned from the same joint graph: it starts compiling (tagged
-    `backward_tag`) while this forward compiles.
+    `backward_tag`) while this forward compiles. A `recorder` collects the graphs for the
+    dynamo graph's plan (`kiln.plans`).
 
     Returns a `CompiledGraph` (swappable: the tuned build replaces the heuristic one between
     calls), a `PerShapeGraph` for graphs with symbolic sizes, or `gm` itself (eager).
@@ -178,41 +193,56 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     degrade.count("graphs")
     if partition is not None:
         _compile_backward_ahead(partition, resolver,
-                                backward_tag if backward_tag is not None else config.tag)
+                                backward_tag if backward_tag is not None else config.tag,
+                                recorder)
     if has_symbolic_sizes(gm, list(example_inputs)):
         degrade.warn_once("dynamic_shapes")
         return PerShapeGraph(gm, functools.partial(_specialise, resolver=resolver, kind=kind,
                                                    tag=tag))
-    return _compile_static(gm, list(example_inputs), resolver, kind, tag)
+    return _compile_static(gm, list(example_inputs), resolver, kind, tag, recorder)
 
 
 def _compile_static(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                    resolver: Resolver, kind: str, tag: str | None) -> Callable[..., Any]:
+                    resolver: Resolver, kind: str, tag: str | None,
+                    recorder: plans.Recorder | None = None) -> Callable[..., Any]:
     entry = CompiledGraph(gm, kind=kind, device=_device_of(example_inputs), tag=tag)
     with _lock:
         _compiled.add(entry)
+    if recorder is not None:  # now: AOTAutograd's metadata is at hand only in its compilers
+        if kind == "backward":
+            recorder.backward_compiling(entry)
+        else:
+            recorder.forward_compiling(entry)
     if resolver.config.background:
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
         _LazyGraphModule.force_recompile(gm)  # eager calls and the converter must not race
-        background().submit(functools.partial(_resolve, entry, example_inputs, resolver))
+        background().submit(functools.partial(_resolve, entry, example_inputs, resolver,
+                                              recorder))
     else:
-        _resolve(entry, example_inputs, resolver)
+        _resolve(entry, example_inputs, resolver, recorder)
     return entry
 
 
-def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver) -> None:
+def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver,
+             recorder: plans.Recorder | None = None) -> None:
     """Convert, key, find a schedule for and build `entry`'s graph; what fails leaves it
     eager (warned once). On the training thread, or the background one. A backward whose
     graph was compiled ahead (`_Ahead`, while its forward compiled) takes that build."""
     with gc_paused():
-        if entry.kind == "backward" and _take_ahead(entry, resolver, example_inputs):
-            return  # the very graph compiled ahead: its conversion too
-        if not _convert(entry, example_inputs):
-            return
-        if entry.kind == "backward" and _take_ahead(entry, resolver):
-            return
-        _settle(entry, resolver, _find(entry, resolver))
+        try:
+            if entry.kind == "backward" and _take_ahead(entry, resolver, example_inputs):
+                return  # the very graph compiled ahead: its conversion too
+            if not _convert(entry, example_inputs):
+                return
+            if recorder is not None:
+                recorder.converted()
+            if entry.kind == "backward" and _take_ahead(entry, resolver):
+                return
+            _settle(entry, resolver, _find(entry, resolver))
+        finally:
+            if recorder is not None:
+                recorder.converted()
 
 
 def _convert(entry: CompiledGraph, example_inputs: list[Any], count: bool = True) -> bool:
@@ -272,6 +302,197 @@ def _settle(entry: CompiledGraph, resolver: Resolver, answer: Any) -> None:
     log.debug("kiln: compiled %r", entry)
 
 
+# ---- plans: a dynamo graph AOTAutograd already split, run without it (kiln.plans) ------------
+_publishing: list[threading.Thread] = []
+PUBLISH_AT_EXIT_S = 10.0  # at exit, how long plans still being stored are waited for
+
+
+def _plan_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+              config: kiln_config.Config) -> str | None:
+    """The dynamo graph's plan key, or None: plans are off, there is nowhere to keep one,
+    or the graph cannot be keyed (then it goes through AOTAutograd, unrecorded)."""
+    if not config.plans or (config.url is None and not config.cache):
+        return None
+    if has_symbolic_sizes(gm, list(example_inputs)):
+        return None
+    try:
+        return plans.plan_key(gm, example_inputs)
+    except plans.NotPlannable as exc:
+        log.debug("kiln: no plan key: %s", exc)
+        return None
+
+
+def _compile_planned(key: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                     resolver: Resolver, tag_of: Callable[[str], str | None]
+                     ) -> plans.PlanRunner | None:
+    """Compile the dynamo graph from the plan kept for `key` (local cache, then the
+    service), without AOTAutograd; None when there is none or it does not fit."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    start = time.perf_counter()
+    try:
+        with gc_paused(), _disable_current_modes():
+            plan = _load_plan(key, resolver)
+            if plan is None:
+                return None
+            try:
+                plans.check_against(plan, gm, example_inputs)
+            except plans.NotPlannable as exc:
+                log.debug("kiln: plan %s does not fit: %s", key[:12], exc)
+                degrade.count("plans_refused")
+                return None
+            device = _device_of(example_inputs)
+            target = compiler.Target.detect(str(device))
+            kind = "forward" if plan.backward is not None else "inference"
+            forward = _planned_entry(plan.forward, kind, device, target, tag_of(kind))
+            backward = None
+            if plan.backward is not None:
+                backward = _resolve_later(_planned_entry(plan.backward, "backward", device,
+                                                         target, tag_of("backward")), resolver)
+            degrade.count("plans_used")
+    finally:
+        degrade.add_seconds("plan", time.perf_counter() - start)
+    _resolve_planned(forward, resolver)
+    return plans.PlanRunner(plan, forward, backward)
+
+
+def _load_plan(key: str, resolver: Resolver) -> Any:
+    """The plan for `key`, parsed and checked: from the local cache, else from the service
+    (then kept locally); None when neither has one that parses."""
+    from compiler.wire.plan import PlanError, max_plan_bytes, parse_plan, plan_text
+
+    cache = resolver.plan_cache
+    raw = cache.get(key, max_plan_bytes()) if cache is not None else None
+    if raw is not None:
+        try:
+            return parse_plan(raw)
+        except PlanError as exc:
+            log.warning("kiln cache: ignoring plan %s: %s", key[:12], exc)
+            cache.discard(key)
+    client = resolver.client if resolver.config.mode == "wait" else resolver.quick_client
+    if client is None or resolver.service_down():
+        return None
+    try:
+        doc = client.plan(key)
+    except ServiceError as exc:
+        resolver.failed(exc)
+        return None
+    if doc is None:
+        return None
+    try:
+        plan = parse_plan(doc)
+    except PlanError as exc:
+        degrade.warn_once("malformed", f"plan {key[:12]}: {exc}", url=resolver.config.url or "?")
+        return None
+    if plan.key != key:
+        degrade.warn_once("malformed", f"plan {key[:12]} names another key",
+                          url=resolver.config.url or "?")
+        return None
+    if cache is not None:
+        _keep_plan(cache, key, plan_text(plan))
+    return plan
+
+
+def _planned_entry(graph: compiler.Graph, kind: str, device: torch.device,
+                   target: compiler.Target, tag: str | None) -> CompiledGraph:
+    entry = CompiledGraph(graph.to_fx(device), kind=kind, device=device, tag=tag)
+    entry.describe(compiler.tuning_key(graph, target), graph, graph.to_json(), target)
+    degrade.count("graphs")
+    with _lock:
+        _compiled.add(entry)
+    return entry
+
+
+def _resolve_planned(entry: CompiledGraph, resolver: Resolver) -> None:
+    """Find a schedule for and build a graph a plan gave (converted already)."""
+    if resolver.config.background:
+        background().submit(functools.partial(_settle_found, entry, resolver))
+    else:
+        _settle_found(entry, resolver)
+
+
+def _settle_found(entry: CompiledGraph, resolver: Resolver) -> None:
+    with gc_paused():
+        _settle(entry, resolver, _find(entry, resolver))
+
+
+def _resolve_later(entry: CompiledGraph, resolver: Resolver) -> Callable[[], CompiledGraph]:
+    """A planned backward: built on a thread of its own while the forward builds (CUDA,
+    outside KILN_BACKGROUND=1, as `_Ahead`), else on the first backward call; returns what
+    that call waits on."""
+    if resolver.config.background or entry.device.type != "cuda":
+        if resolver.config.background:
+            _resolve_planned(entry, resolver)
+            return lambda: entry
+        once = threading.Lock()
+        built: list[CompiledGraph] = []
+
+        def on_first_call() -> CompiledGraph:
+            with once:
+                if not built:
+                    _settle_found(entry, resolver)
+                    built.append(entry)
+            return entry
+
+        return on_first_call
+    thread = threading.Thread(target=_settle_found, args=(entry, resolver),
+                              name="kiln-backward-planned", daemon=True)
+    thread.start()
+
+    def joined() -> CompiledGraph:
+        thread.join()
+        return entry
+
+    return joined
+
+
+def _publish_plan(plan: Any, resolver: Resolver) -> None:
+    """Keep a plan that AOTAutograd's compile gave: in the local cache and, on a thread
+    of its own, in the service."""
+    from compiler.wire.plan import plan_text
+
+    text = plan_text(plan)
+    if resolver.plan_cache is not None:
+        _keep_plan(resolver.plan_cache, plan.key, text)
+    if resolver.client is None or resolver.service_down():
+        return
+    thread = threading.Thread(target=_send_plan, args=(plan.key, text, resolver),
+                              name="kiln-plan", daemon=True)
+    with _lock:
+        _publishing[:] = [t for t in _publishing if t.is_alive()] + [thread]
+    thread.start()
+
+
+def _keep_plan(cache: Any, key: str, text: str) -> None:
+    try:
+        cache.write(key, text)
+    except OSError as exc:
+        degrade.warn_once("cache", f"{cache.root}: {exc}")
+
+
+def _send_plan(key: str, text: str, resolver: Resolver) -> None:
+    assert resolver.client is not None
+    try:
+        resolver.client.put_plan(key, text)
+        degrade.count("plans_sent")
+    except ServiceError as exc:
+        log.debug("kiln: plan %s not stored by the service: %s", key[:12], exc)
+
+
+def wait_plans(timeout: float | None = None) -> bool:
+    """Block until the plans being sent to the service are sent (or failed); False if
+    `timeout` seconds passed first. Runs at exit, bounded by PUBLISH_AT_EXIT_S."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _lock:
+        pending = list(_publishing)
+    for thread in pending:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in pending)
+
+
+atexit.register(wait_plans, PUBLISH_AT_EXIT_S)
+
+
 # ---- the backward, compiled while its forward compiles ---------------------------------------
 # AOTAutograd compiles a training graph's backward only when the first backward runs, after
 # the forward compiled and ran: one after the other, each with its own round of compile
@@ -304,9 +525,12 @@ class _Ahead:
     """A backward graph compiled on a thread of its own (see above)."""
 
     def __init__(self, gm: torch.fx.GraphModule, inputs: list[Any], resolver: Resolver,
-                 tag: str | None) -> None:
+                 tag: str | None, recorder: plans.Recorder | None = None) -> None:
         self.entry = CompiledGraph(gm, kind="backward", device=_device_of(inputs), tag=tag)
         self.resolver = resolver
+        self.recorder = recorder
+        if recorder is not None:
+            recorder.backward_compiling(self.entry)
         self.converted = threading.Event()  # entry.key is set (or conversion failed)
         self.done = threading.Event()
         self.answer: Any = None
@@ -327,6 +551,8 @@ class _Ahead:
                 log.debug("kiln: no fingerprint for a backward: %s", exc)
             self.ok = _convert(self.entry, self._inputs, count=False)
             self.converted.set()
+            if self.recorder is not None:
+                self.recorder.converted()
             if self.ok:
                 self.answer = _find(self.entry, self.resolver)
         finally:
@@ -339,7 +565,8 @@ class _Ahead:
 _AHEAD_ON_CPU = False
 
 
-def _compile_backward_ahead(partition: _Partition, resolver: Resolver, tag: str | None) -> None:
+def _compile_backward_ahead(partition: _Partition, resolver: Resolver, tag: str | None,
+                            recorder: plans.Recorder | None = None) -> None:
     """Start compiling the backward graph the partitioner made, if there is one to do."""
     gm, partition.backward = partition.backward, None
     if gm is None or resolver.config.background:
@@ -349,7 +576,7 @@ def _compile_backward_ahead(partition: _Partition, resolver: Resolver, tag: str 
         return
     if _device_of(inputs).type != "cuda" and not _AHEAD_ON_CPU:
         return
-    ahead = _Ahead(gm, inputs, resolver, tag)
+    ahead = _Ahead(gm, inputs, resolver, tag, recorder)
     with _lock:
         _aheads.append(ahead)
         del _aheads[:-MAX_AHEAD]

@@ -74,9 +74,10 @@ def _valid_key(key: str) -> bool:
     return isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)
 
 
-class ScheduleCache:
-    """Schedules on disk under `root`, one JSON file per tuning key, at most `max_bytes`
-    of them (None: no cap)."""
+class FileCache:
+    """JSON files on disk under `root`, one per 64-hex key, at most `max_bytes` of them
+    (None: no cap): atomic writes, least recently used evicted. Subclasses say what a file
+    holds and how to check it."""
 
     def __init__(self, root: str | os.PathLike[str],
                  max_bytes: int | None = DEFAULT_MAX_BYTES) -> None:
@@ -94,59 +95,30 @@ class ScheduleCache:
             raise ValueError(f"not a tuning key (64 lowercase hex digits): {key!r}")
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> CachedSchedule | None:
-        """The entry for `key`, or None when absent, unreadable or not what it claims; a
-        hit marks the entry used."""
-        entry = self.peek(key)
-        if entry is not None:
-            with contextlib.suppress(OSError):  # used now: last in line for eviction
-                os.utime(self.path(key))
-        return entry
-
-    def peek(self, key: str) -> CachedSchedule | None:
-        """`get` without marking the entry used (listing the cache is not using it)."""
+    def read(self, key: str, max_bytes: int = MAX_ENTRY_BYTES) -> bytes | None:
+        """The file for `key` as it is on disk; None when absent, unreadable or oversized."""
         path = self.path(key)
         try:
             with open(path, "rb") as f:
-                raw = f.read(MAX_ENTRY_BYTES + 1)
+                raw = f.read(max_bytes + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.debug("kiln cache: cannot read %s: %s", path, exc)
             return None
-        if len(raw) > MAX_ENTRY_BYTES:
+        if len(raw) > max_bytes:
             log.warning("kiln cache: ignoring oversized entry %s", path)
             return None
-        try:
-            doc = json.loads(raw)
-            ok = (
-                isinstance(doc, dict)
-                and doc.get("format") == FORMAT
-                and doc.get("key") == key
-                and doc.get("status") in STATUSES
-                and isinstance(doc.get("schedule"), dict)
-                and doc.get("sha256") == _digest(doc["schedule"])
-            )
-        except (ValueError, TypeError):
-            ok = False
-        if not ok:
-            log.warning("kiln cache: ignoring corrupt or foreign entry %s", path)
-            return None
-        return CachedSchedule(key=key, status=doc["status"], schedule=doc["schedule"])
+        return raw
 
-    def put(self, key: str, status: str, schedule: dict[str, Any]) -> bool:
-        """Store `schedule` for `key` atomically. A heuristic entry does not replace a
-        tuned one. Returns whether the entry was written."""
-        if status not in STATUSES:
-            raise ValueError(f"cache status must be one of {STATUSES}, not {status!r}")
+    def touch(self, key: str) -> None:
+        """Mark the entry used now: last in line for eviction."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path(key))
+
+    def write(self, key: str, data: str) -> None:
+        """Put `data` in place for `key` atomically, then evict past the cap."""
         path = self.path(key)
-        if status != "tuned":
-            existing = self.peek(key)
-            if existing is not None and existing.status == "tuned":
-                return False
-        doc = {"format": FORMAT, "key": key, "status": status, "schedule": schedule,
-               "sha256": _digest(schedule)}
-        data = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             replaced = path.stat().st_size
@@ -164,7 +136,8 @@ class ScheduleCache:
                 os.unlink(tmp)
             raise
         self._account(len(data.encode()) - replaced, keep=key)
-        return True
+
+
 
     def _account(self, added: int, keep: str) -> None:
         """Add a write to the running total; past the cap, evict the least recently used."""
@@ -248,3 +221,63 @@ class ScheduleCache:
         """Remove the entry for `key` (one that could not be used), if present."""
         with contextlib.suppress(FileNotFoundError):
             self.path(key).unlink()
+
+
+class ScheduleCache(FileCache):
+    """Schedules, one file per tuning key."""
+
+    def get(self, key: str) -> CachedSchedule | None:
+        """The entry for `key`, or None when absent, unreadable or not what it claims; a
+        hit marks the entry used."""
+        entry = self.peek(key)
+        if entry is not None:
+            self.touch(key)
+        return entry
+
+    def peek(self, key: str) -> CachedSchedule | None:
+        """`get` without marking the entry used (listing the cache is not using it)."""
+        raw = self.read(key)
+        if raw is None:
+            return None
+        path = self.path(key)
+        try:
+            doc = json.loads(raw)
+            ok = (
+                isinstance(doc, dict)
+                and doc.get("format") == FORMAT
+                and doc.get("key") == key
+                and doc.get("status") in STATUSES
+                and isinstance(doc.get("schedule"), dict)
+                and doc.get("sha256") == _digest(doc["schedule"])
+            )
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            log.warning("kiln cache: ignoring corrupt or foreign entry %s", path)
+            return None
+        return CachedSchedule(key=key, status=doc["status"], schedule=doc["schedule"])
+
+    def put(self, key: str, status: str, schedule: dict[str, Any]) -> bool:
+        """Store `schedule` for `key` atomically. A heuristic entry does not replace a
+        tuned one. Returns whether the entry was written."""
+        if status not in STATUSES:
+            raise ValueError(f"cache status must be one of {STATUSES}, not {status!r}")
+        if status != "tuned":
+            existing = self.peek(key)
+            if existing is not None and existing.status == "tuned":
+                return False
+        doc = {"format": FORMAT, "key": key, "status": status, "schedule": schedule,
+               "sha256": _digest(schedule)}
+        self.write(key, json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False))
+        return True
+
+
+class PlanCache(FileCache):
+    """Plans (kiln.plan/1 JSON text), one file per plan key, under the schedule cache's
+    `plans/` (`kiln.plans`); the reader parses and checks what it reads."""
+
+    def get(self, key: str, max_bytes: int) -> bytes | None:
+        raw = self.read(key, max_bytes)
+        if raw is not None:
+            self.touch(key)
+        return raw

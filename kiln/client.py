@@ -150,6 +150,26 @@ class ServiceClient:
             todo = left_out + todo
         return found
 
+    # -- plans (kiln.plans): AOTAutograd's results, by dynamo graph key -------------------
+
+    def plan(self, key: str) -> Any:
+        """GET /v1/plans/{key}: the plan document as sent (the caller parses and checks
+        it), or None when the service has none."""
+        status, doc = self._request("GET", f"/v1/plans/{quote(key, safe='')}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise self._unexpected(status, doc)
+        return doc
+
+    def put_plan(self, key: str, text: str) -> bool:
+        """PUT /v1/plans/{key} with the plan's JSON text; whether the service stored it (a
+        plan it already held for the key stays)."""
+        status, doc = self._request("PUT", f"/v1/plans/{quote(key, safe='')}", text)
+        if status not in (200, 201):
+            raise self._unexpected(status, doc)
+        return status == 201
+
     # -- `kiln stats` ----------------------------------------------------------------------
 
     def admin_stats(self) -> dict[str, Any]:
@@ -165,11 +185,15 @@ class ServiceClient:
     # -- transport --------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """One request with retries; returns (HTTP status, decoded JSON or None).
+        """One request with retries (`body`: a JSON value, or JSON text); returns (HTTP
+        status, decoded JSON or None).
         Connection errors, 429 and 502-504 are retried (with backoff, within the deadline);
         a timeout is not, so a hung service costs one timeout, not several."""
         deadline = time.monotonic() + self.request_timeout * (self.retries + 1)
-        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        if body is None or isinstance(body, str):
+            data = None if body is None else body.encode()  # JSON text already
+        else:
+            data = json.dumps(body, allow_nan=False).encode()
         delay = 0.2
         attempt = 0
         while True:

@@ -51,6 +51,7 @@ class Config:
     cache_max_bytes: int = DEFAULT_MAX_BYTES  # its size cap (least recently used go)
     background: bool = False  # compile off the training thread; run eagerly until ready
     binaries: bool = True  # load kernels the service compiled (KILN_BINARIES=off: compile all)
+    plans: bool = True  # keep and fetch AOTAutograd's results (kiln.plans; KILN_PLANS=off: not)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -70,6 +71,11 @@ class Config:
     def schedule_dir(self) -> Path:
         """Directory of the local schedule cache."""
         return Path(self.cache_dir) if self.cache_dir is not None else _default_cache_dir()
+
+    @property
+    def plan_dir(self) -> Path:
+        """Directory of the local plan cache (`kiln.plans`)."""
+        return self.schedule_dir / "plans"
 
 
 def _mode(value: str) -> str:
@@ -128,6 +134,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "KILN_TAG": ("tag", lambda v: v or None),
     "KILN_BACKGROUND": ("background", _flag),
     "KILN_BINARIES": ("binaries", _flag),
+    "KILN_PLANS": ("plans", _flag),
 }
 
 _FIELDS = {f.name for f in dataclasses.fields(Config)}
@@ -155,7 +162,7 @@ def configure(reset: bool = False, **options: Any) -> Config:
 
     Accepts any `Config` field (`url`, `token`, `mode`, `cache_dir`, `connect_timeout`,
     `request_timeout`, `wait_timeout`, `poll_interval`, `poll_for`, `retries`, `tag`,
-    `cache`, `cache_max_bytes`, `background`, `binaries`). `reset=True` first forgets earlier calls. Returns the resulting
+    `cache`, `cache_max_bytes`, `background`, `binaries`, `plans`). `reset=True` first forgets earlier calls. Returns the resulting
     config.
     """
     unknown = set(options) - _FIELDS

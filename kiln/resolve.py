@@ -23,7 +23,7 @@ import compiler
 from compiler.runtime import compile_pool
 from kiln import degrade
 from kiln.binaries import ServiceBinaries
-from kiln.cache import ScheduleCache
+from kiln.cache import PlanCache, ScheduleCache
 from kiln.client import Answer, ServiceClient, ServiceError
 from kiln.compiled import LEVELS, CompiledGraph
 from kiln.config import Config
@@ -52,6 +52,7 @@ class Resolver:
     cache: ScheduleCache | None
     client: ServiceClient | None
     quick_client: ServiceClient | None  # async mode: one short attempt on the critical path
+    plan_cache: PlanCache | None = None  # kiln.plans kept on disk
     _down_until: float = 0.0
     _down_cause: str = "unreachable"
 
@@ -67,7 +68,10 @@ class Resolver:
             short = min(config.connect_timeout, 1.0)
             quick = ServiceClient(config.url, config.token, short,
                                   min(config.request_timeout, 2.0), retries=0)
-        return cls(config=config, cache=cache, client=client, quick_client=quick)
+        plan_cache = (PlanCache(config.plan_dir, config.cache_max_bytes)
+                      if config.cache and config.plans else None)
+        return cls(config=config, cache=cache, client=client, quick_client=quick,
+                   plan_cache=plan_cache)
 
     # -- building ---------------------------------------------------------------------------
 

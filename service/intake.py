@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
@@ -15,6 +15,8 @@ from starlette.requests import ClientDisconnect, Request
 from service.api.limits import BODY_TIMED_OUT
 from service.errors import ApiError
 from service.store import Submission
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 MAX_TAG = 200
@@ -103,8 +105,15 @@ def body_weight(request: Request, limit: int) -> int:
 
 
 async def parse_cancellable(request: Request, body: bytes) -> tuple[Submission, Any]:
-    """`parse_submission` in a worker thread, stopped between two nodes when the client
-    disconnects (validation of a large graph can take seconds of CPU)."""
+    """`parse_submission` in a worker thread, stopped when the client disconnects."""
+    return await run_cancellable(request, parse_submission, body)
+
+
+async def run_cancellable(request: Request, parse: Callable[[bytes, threading.Event], T],
+                          body: bytes) -> T:
+    """`parse(body, cancel)` in a worker thread, with `cancel` set when the client
+    disconnects (validation of a large graph can take seconds of CPU; it stops between two
+    nodes with ApiError "cancelled")."""
     cancel = threading.Event()
 
     async def watch() -> None:
@@ -114,10 +123,10 @@ async def parse_cancellable(request: Request, body: bytes) -> tuple[Submission, 
 
     watcher = asyncio.create_task(watch())
     try:
-        return await run_in_threadpool(parse_submission, body, cancel)
+        return await run_in_threadpool(parse, body, cancel)
     except ApiError as exc:
         if exc.code == "cancelled":
-            log.info("validation of a %d-byte submission stopped: the client went away", len(body))
+            log.info("validation of a %d-byte body stopped: the client went away", len(body))
         raise
     finally:
         watcher.cancel()

@@ -39,6 +39,10 @@ LATENCY = Histogram("kiln_http_request_seconds", "HTTP request latency", ["route
 LOOKUPS = Counter("kiln_lookups_total", "Schedule lookups by outcome", ["outcome"],
                   registry=REGISTRY)
 SUBMISSIONS = Counter("kiln_submissions_total", "Graph submissions", ["result"], registry=REGISTRY)
+PLAN_LOOKUPS = Counter("kiln_plan_lookups_total", "Plan fetches by outcome (hit, miss)",
+                       ["outcome"], registry=REGISTRY)
+PLAN_STORES = Counter("kiln_plan_stores_total", "Plan uploads by result (created, known)",
+                      ["result"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("kiln_queue_depth", "Unsettled messages per stream", ["stream"],
                     registry=REGISTRY, **_DB_GAUGE)
 # Read from the database at scrape time: workers run in other processes.

@@ -255,4 +255,19 @@ class KernelBinaryFileRow(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class PlanRow(Base):
+    """A kiln.plan/1 document (compiler/wire/plan.py), under the key its client computed.
+    First writer wins: a stored plan is never replaced, only deleted by an admin, so a
+    later PUT of the same key cannot swap the graphs other clients fetch."""
+
+    __tablename__ = "plans"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # training | inference
+    body: Mapped[str] = mapped_column(Text)  # plan_text(): canonical JSON, served as is
+    bytes: Mapped[int] = mapped_column(Integer)  # of body, UTF-8
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    hits: Mapped[int] = mapped_column(Integer, default=0)
+    last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 Index("ix_schedules_last_used", ScheduleRow.last_used_at)

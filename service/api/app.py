@@ -17,7 +17,7 @@ from service.api.limits import BodyDeadlineMiddleware
 from service.api.loopback import BrowserGuardMiddleware
 from service.api.openapi import install_docs
 from service.api.private_docs import PrivateDocsMiddleware
-from service.api.routes import admin, binaries, graphs, health, jobs, schedules
+from service.api.routes import admin, binaries, graphs, health, jobs, plans, schedules
 from service.auth import admin_token_weakness
 from service.context import HitBuffer, ServiceContext
 from service.errors import install_error_handlers
@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     app.add_middleware(PrivateDocsMiddleware, loopback=ctx.settings.loopback)
     # Added last, so it runs first: refused requests never reach a route or read a body.
     app.add_middleware(BrowserGuardMiddleware, loopback=ctx.settings.loopback)
-    for module in (graphs, schedules, binaries, jobs, admin, health):
+    for module in (graphs, schedules, binaries, plans, jobs, admin, health):
         app.include_router(module.router)
     install_docs(app)  # /docs without a CDN, security schemes and response schemas
     _mount_dashboard(app)

@@ -64,12 +64,20 @@ class JobAnswer(BaseModel):
     history: list[JobEvent]
 
 
+class PlanStored(BaseModel):
+    """`PUT /v1/plans/{key}`: 201 when stored, 200 when the key already held a plan (kept)."""
+
+    key: str = Field(pattern="^[0-9a-f]{64}$")
+    created: bool
+
+
 # (path, method) -> {status: model}; 4xx/5xx of every /v1 route get ErrorAnswer.
 RESPONSES: dict[tuple[str, str], dict[str, type[BaseModel]]] = {
     ("/v1/graphs", "post"): {"200": ScheduleAnswer, "202": ScheduleAnswer},
     ("/v1/schedules/{key}", "get"): {"200": ScheduleAnswer, "202": ScheduleAnswer},
     ("/v1/jobs/{job_id}", "get"): {"200": JobAnswer},
     ("/v1/admin/entries/{key}/retune", "post"): {"202": JobAnswer},
+    ("/v1/plans/{key}", "put"): {"200": PlanStored, "201": PlanStored},
 }
 
 SECURITY_SCHEMES = {"bearer": {
@@ -86,7 +94,7 @@ def _schema(app: FastAPI) -> dict[str, Any]:
     components = schema.setdefault("components", {})
     components["securitySchemes"] = SECURITY_SCHEMES
     models = components.setdefault("schemas", {})
-    for model in (ErrorAnswer, ScheduleAnswer, JobAnswer):
+    for model in (ErrorAnswer, ScheduleAnswer, JobAnswer, PlanStored):
         definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
         models.update(definition.pop("$defs", {}))
         models[model.__name__] = definition

@@ -28,6 +28,7 @@ from service.models import (
 from service.queue import QueueUnavailable
 from service.store import entries as store_entries
 from service.store import jobs as store_jobs
+from service.store.plans import count_plans
 
 STATUSES = ("pending", "heuristic", "tuned", "failed", "invalidated")
 _BEST_MS = func.coalesce(ScheduleRow.tuned_ms, ScheduleRow.heuristic_ms)
@@ -199,6 +200,7 @@ def stats(session: Session, queue: Any = None) -> dict[str, Any]:
         "speedups": speedups, "gpu_entries_ready": tunable,
         "tuned_fraction": gpu_ready.get("tuned", 0) / tunable if tunable else None,
         "queue_depth": depth, "jobs_waiting": waiting, "workers": workers,
+        "plans": count_plans(session),
     }
 
 

@@ -1,7 +1,8 @@
 """Retention: what `kiln db prune` deletes, and only that.
 
 Kept forever: graphs, entries (schedules and their kernels), jobs, tokens, the measurements
-of each entry's latest tuning pass. Deleted when older than the policy says:
+of each entry's latest tuning pass, plans (an admin deletes one: service/store/plans.py).
+Deleted when older than the policy says:
 
 - status history (job events) of finished jobs, `events_days` after the event;
 - measurements of superseded tuning passes (an entry tuned again keeps only its latest

@@ -2,8 +2,10 @@
 
 `handler(method, path, body) -> (status, headers, bytes)` decides each answer (status 0:
 close the connection without one); every request is recorded in `requests` as
-(method, path, body, headers). This is not the kiln service: tests that need the real
-service start it.
+(method, path, body, headers). Requests for plans (`/v1/plans/...`, kiln.plans) go to the
+handler only with `plans=True`; otherwise the server answers them as a service that has
+none and stores what it is sent (404 and 201), and records them in `plan_requests`. This
+is not the kiln service: tests that need the real service start it.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ def json_reply(status: int, doc: Any) -> Reply:
 class FakeServer:
     """Serve `handler` on 127.0.0.1 in a daemon thread; use as a context manager."""
 
-    def __init__(self, handler: Handler, port: int = 0) -> None:
+    def __init__(self, handler: Handler, port: int = 0, plans: bool = False) -> None:
         self.handler = handler
+        self.plans = plans
         self.requests: list[tuple[str, str, Any, dict[str, str]]] = []
+        self.plan_requests: list[tuple[str, str]] = []
         outer = self
 
         class _H(BaseHTTPRequestHandler):
@@ -43,8 +47,12 @@ class FakeServer:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw
-                outer.requests.append((method, self.path, body, dict(self.headers)))
-                status, headers, data = outer.handler(method, self.path, body)
+                if not outer.plans and self.path.startswith("/v1/plans/"):
+                    outer.plan_requests.append((method, self.path))
+                    status, headers, data = _no_plans(method)
+                else:
+                    outer.requests.append((method, self.path, body, dict(self.headers)))
+                    status, headers, data = outer.handler(method, self.path, body)
                 if status == 0:  # close the connection without answering
                     self.close_connection = True
                     return
@@ -63,6 +71,9 @@ class FakeServer:
 
             def do_POST(self) -> None:  # noqa: N802
                 self._serve("POST")
+
+            def do_PUT(self) -> None:  # noqa: N802
+                self._serve("PUT")
 
         ThreadingHTTPServer.allow_reuse_address = True
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _H)
@@ -134,3 +145,11 @@ class TricklingServer:
         self._stop.set()
         self._thread.join(timeout=5)
         self._sock.close()
+
+
+
+def _no_plans(method: str) -> Reply:
+    """What a service that holds no plans answers (and it stores what it is sent)."""
+    if method == "PUT":
+        return json_reply(201, {"created": True})
+    return json_reply(404, {"error": "not_found", "detail": "no plan"})

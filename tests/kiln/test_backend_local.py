@@ -407,11 +407,13 @@ def test_a_bad_environment_value_runs_eagerly_with_one_clear_warning(kiln_warnin
 def test_cache_entries_are_json_schedules(kiln_state):
     kiln.configure(url=None)
     train_mlp(steps=1)
-    files = sorted(kiln_state["cache_dir"].rglob("*.json"))
+    files = sorted(kiln_state["cache_dir"].glob("??/*.json"))
     assert len(files) == 2
     for f in files:
         doc = json.loads(f.read_text())
         compiler.Schedule.from_json(doc["schedule"])
+    (plan,) = kiln_state["cache_dir"].glob("plans/??/*.json")  # the model's plan (kiln.plans)
+    assert json.loads(plan.read_text())["format"] == "kiln.plan/1"
 
 
 def test_cpu_graphs_run_eagerly_without_the_interpreter(monkeypatch, kiln_warnings):

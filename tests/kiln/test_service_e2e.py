@@ -1,6 +1,7 @@
 """Training through the real embedded service (`kiln serve` as a subprocess): forward and
-backward schedules land in the service, a second process with an empty cache fetches all of
-them without computing any, and a service that dies mid-run costs one warning, not the job.
+backward schedules and the models' plans land in the service, a second process with an
+empty cache fetches all of them without computing any (nor running AOTAutograd), and a
+service that dies mid-run costs one warning, not the job.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def test_mlp_and_gpt_train_through_the_service_and_a_second_process_fetches_ever
         assert status == 200 and body["status"] in ("heuristic", "tuned"), (g, body)
         assert g.origin == "service"
 
-    # A second process, empty KILN_CACHE_DIR: every schedule from the service, none local.
+    # Both models' plans (kiln.plans) reached the service.
+    assert backend.wait_plans(timeout=60) and kiln.stats()["plans_sent"] == 2
+
+    # A second process, empty KILN_CACHE_DIR: every schedule from the service, none local,
+    # and the GPT's plan from it too: AOTAutograd never runs.
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     env.update(KILN_URL=service.url, KILN_CACHE_DIR=str(tmp_path / "second-cache"),
                KILN_KERNEL_DIR=str(tmp_path / "second-kernels"), TRITON_INTERPRET="1")
@@ -60,6 +65,7 @@ def test_mlp_and_gpt_train_through_the_service_and_a_second_process_fetches_ever
     second = json.loads(line.removeprefix("stats: "))
     assert second["graphs"] == 2 and second["schedules_fetched"] == 2, second
     assert second["schedules_local"] == 0 and second["eager"] == 0, second
+    assert second["plans_used"] == 1 and "seconds:aot" not in second, second
     assert "kiln [" not in out.stderr  # no fallback warning
 
 

@@ -11,7 +11,7 @@ from service.api.deps import Admin, Ctx
 from service.api.routes.schedules import KEY_RE
 from service.errors import ApiError
 from service.queue import QueueUnavailable
-from service.store import admin
+from service.store import admin, plans
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -20,9 +20,9 @@ def _bad(exc: ValueError) -> ApiError:
     return ApiError(422, "invalid_request", str(exc))
 
 
-def _known_key(key: str) -> str:
+def _known_key(key: str, what: str = "entry") -> str:
     if not KEY_RE.match(key):
-        raise ApiError(404, "not_found", "no such entry: a key is 64 lowercase hex digits")
+        raise ApiError(404, "not_found", f"no such {what}: a key is 64 lowercase hex digits")
     return key
 
 
@@ -73,9 +73,19 @@ def retune(key: str, ctx: Ctx, _who: Admin) -> JSONResponse:
     return JSONResponse(_found(job, key), status_code=202)
 
 
+@router.post("/plans/{key}/invalidate")
+def invalidate_plan(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
+    """Delete a plan: clients miss it and store the one their next compile makes."""
+    with ctx.transaction() as session:
+        deleted = plans.delete_plan(session, _known_key(key, "plan"))
+    if not deleted:
+        raise ApiError(404, "not_found", f"no plan {key}")
+    return {"key": key, "invalidated": True}
+
+
 @router.get("/stats")
 def stats(ctx: Ctx, _who: Admin) -> dict[str, Any]:
-    """Hits, misses by reason, queue depth, workers."""
+    """Hits, misses by reason, queue depth, workers, plans stored."""
     try:
         depth: Any = ctx.queue.depth()
     except QueueUnavailable:

@@ -1,0 +1,333 @@
+"""Plans: what AOTAutograd made of a dynamo graph, kept so that the next process skips it.
+
+On a service hit, AOTAutograd's trace and partition were most of a first step (resnet18
+training on an H200: 2.9 s of a 7.5 s first step, before kiln saw a graph). Inductor skips
+them with its AOTAutogradCache, whose entries are pickles. kiln keeps the same facts as
+data (`compiler.wire.plan`, kiln.plan/1): the forward and backward aten graphs in the wire
+format and what the runtime needs to run them.
+
+- `plan_key`: a dynamo graph's key, from its ops (torch functions by qualified name, Tensor
+  methods by name), their arguments, its inputs' metadata (which share storage included)
+  and the ambient state AOTAutograd traces under (grad mode, autocast). A graph that cannot
+  be named exactly (a submodule call, a constant attribute, an object argument, a tensor
+  subclass) has no key and goes through AOTAutograd as always.
+- `Recorder`: while AOTAutograd compiles a keyed graph, collects its runtime facts (from
+  AOTAutograd's own metadata) and both converted graphs, then stores the plan in the local
+  cache and sends it to the service.
+- `PlanRunner`: runs a plan's graphs as AOTAutograd's runtime would: mutated inputs copied
+  back, outputs that need no gradient marked so, the backward's gradients laid out as its
+  graph was traced.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from compiler.wire.plan import Plan
+    from kiln.compiled import CompiledGraph
+
+log = logging.getLogger("kiln")
+
+_FUNCTION_MODULES = ("torch", "_operator", "operator", "math", "builtins")
+
+
+class NotPlannable(Exception):
+    """Why a graph gets no plan (said at debug level; the graph compiles as always)."""
+
+
+# ---- the key ----------------------------------------------------------------------------
+
+def plan_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    """The key of a dynamo graph with these inputs (which of them share storage is part of
+    it); raises `NotPlannable`."""
+    from compiler import COMPILER_VERSION
+
+    positions: dict[str, int] = {}
+    nodes: list[Any] = []
+    for i, node in enumerate(gm.graph.nodes):
+        positions[node.name] = i
+        if node.op == "placeholder":
+            nodes.append(["placeholder"])
+        elif node.op == "output":
+            nodes.append(["output", _arg(node.args, positions)])
+        elif node.op in ("call_function", "call_method"):
+            target = node.target if node.op == "call_method" else _function_name(node.target)
+            nodes.append([node.op, target, _arg(node.args, positions),
+                          _arg(node.kwargs, positions)])
+        else:
+            raise NotPlannable(f"a {node.op} node ({node.target})")
+    doc = {"format": "kiln.plan/1", "torch": ".".join(torch.__version__.split(".")[:2]),
+           "compiler": COMPILER_VERSION, "ambient": _ambient(), "nodes": nodes,
+           "inputs": _inputs(example_inputs)}
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _function_name(target: Any) -> str:
+    """torch's (or Python's) name of a function; a wrapper made inside a function
+    (`F.max_pool2d` is one of `boolean_dispatch`'s) goes by the name its module gives it."""
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return str(target)
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if name and "<" in name:
+        name = _exported_name(module, target)
+    if not name or module.split(".")[0] not in _FUNCTION_MODULES:
+        raise NotPlannable(f"a call to {target!r}, which has no stable name")
+    return f"{module}.{name}"
+
+
+@functools.cache
+def _exported_name(module: str, target: Any) -> str | None:
+    namespace = vars(sys.modules[module]) if module in sys.modules else {}
+    names = sorted(name for name, value in namespace.items() if value is target)
+    return names[0] if names else None
+
+
+def _arg(value: Any, positions: dict[str, int]) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return {"node": positions[value.name]}
+    if value is None or isinstance(value, bool | str) or type(value) is int:
+        return [type(value).__name__, value]
+    if type(value) is float:
+        return ["float", repr(value)]  # exact, and NaN and infinities are text
+    if isinstance(value, tuple | list):  # torch.Size too
+        return [type(value).__name__, [_arg(v, positions) for v in value]]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return ["dict", [[k, _arg(value[k], positions)] for k in sorted(value)]]
+    if isinstance(value, slice):
+        return ["slice", [_arg(v, positions) for v in (value.start, value.stop, value.step)]]
+    if value is Ellipsis:
+        return ["ellipsis"]
+    if isinstance(value, torch.dtype | torch.memory_format | torch.layout):
+        return ["torch", str(value)]
+    if isinstance(value, torch.device):
+        return ["device", value.type]  # ranks on other devices share one plan
+    raise NotPlannable(f"an argument of type {type(value).__name__}")
+
+
+def _ambient() -> list[Any]:
+    """The global state AOTAutograd traces under, beside what dynamo guards on."""
+    autocast = [[d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))]
+                for d in ("cuda", "cpu")]
+    return [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast,
+            torch.are_deterministic_algorithms_enabled(),
+            bool(torch._functorch.config.functionalize_rng_ops)]
+
+
+def _inputs(example_inputs: Sequence[Any]) -> list[Any]:
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    described: list[Any] = []
+    storages: dict[Any, int] = {}  # storage -> the first input on it
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor) or is_traceable_wrapper_subclass(x):
+            raise NotPlannable(f"an input of type {type(x).__name__}")
+        sizes = [*x.shape, *x.stride(), x.storage_offset()]
+        if not all(type(s) is int for s in sizes):
+            raise NotPlannable("an input with symbolic sizes")
+        first = storages.setdefault(StorageWeakRef(x.untyped_storage()), i)
+        described.append([list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype),
+                          x.device.type, x.requires_grad, x.is_leaf, first])
+    return described
+
+
+def shares_storage(example_inputs: Sequence[Any]) -> bool:
+    """Whether two inputs share storage: AOTAutograd then replays a mutation of either
+    (synthetic bases), which a plan does not hold."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages = [StorageWeakRef(x.untyped_storage()) for x in example_inputs]
+    return len(set(storages)) < len(storages)
+
+
+# ---- recording: AOTAutograd's runtime facts and both graphs -----------------------------
+
+def runtime_facts(shared_storage: bool = False) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """The mutated inputs (their new values lead the forward's outputs) and each user
+    output's requires_grad, from the metadata AOTAutograd keeps while it compiles (read
+    in its forward or inference compiler); raises `NotPlannable` for any graph beyond the
+    plain shape plans hold (`shared_storage`: inputs share storage, and then none may be
+    mutated)."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        raise NotPlannable("AOTAutograd's metadata is not at hand")
+    extras = ("num_intermediate_bases", "num_symints_saved_for_bw", "num_graphsafe_rng_states",
+              "num_opaque_objects_saved_for_bw")
+    if any(getattr(meta, name, 0) for name in extras) or getattr(meta, "tokens", None) \
+            or getattr(meta, "is_rng_op_functionalized", False):
+        raise NotPlannable("AOTAutograd's runtime needs more than a plan holds")
+    for info in meta.input_info:
+        if info.mutates_metadata or info.mutates_storage_metadata \
+                or getattr(info, "mutation_inductor_storage_resize", False) \
+                or (info.mutates_data and (info.requires_grad or shared_storage)):
+            raise NotPlannable("an input mutation AOTAutograd's runtime replays")
+    for out in meta.output_info:
+        if out.output_type.name != "non_alias" or not (
+                isinstance(out.raw_type, type) and issubclass(out.raw_type, torch.Tensor)):
+            raise NotPlannable(f"an output of kind {out.output_type.name}")
+    for sub in (*meta.subclass_inp_meta, *meta.subclass_fw_graph_out_meta):
+        if not isinstance(sub, int) and type(sub).__name__ != "PlainTensorMeta":
+            raise NotPlannable("a tensor subclass")
+    mutated = tuple(int(i) for i in meta.mutated_inp_runtime_indices)
+    return mutated, tuple(bool(out.requires_grad) for out in meta.output_info)
+
+
+class Recorder:
+    """One keyed dynamo graph on its way through AOTAutograd: its runtime facts and its
+    converted graphs; `publish` is called once both graphs are converted."""
+
+    def __init__(self, key: str, publish: Callable[[Plan], None],
+                 shared_storage: bool = False) -> None:
+        self.key = key
+        self._publish = publish
+        self._shared_storage = shared_storage
+        self._lock = threading.Lock()
+        self.kind: str | None = None
+        self.facts: tuple[tuple[int, ...], tuple[bool, ...]] | None = None
+        self.forward: CompiledGraph | None = None
+        self.backward: CompiledGraph | None = None
+        self._done = False
+
+    def forward_compiling(self, entry: CompiledGraph) -> None:
+        """In AOTAutograd's forward or inference compiler: read its metadata now."""
+        try:
+            self.facts = runtime_facts(self._shared_storage)
+        except NotPlannable as exc:
+            log.debug("kiln: no plan for %s: %s", self.key[:12], exc)
+            self._done = True
+            return
+        self.kind = "inference" if entry.kind == "inference" else "training"
+        self.forward = entry
+
+    def backward_compiling(self, entry: CompiledGraph) -> None:
+        self.backward = entry
+
+    def converted(self) -> None:
+        """A graph of this plan was converted (or failed to be): publish once all are."""
+        from compiler.wire.plan import PlanError, make_plan
+
+        with self._lock:
+            fw, bw = self.forward, self.backward
+            if self._done or self.facts is None or fw is None or fw.graph is None:
+                return
+            if self.kind == "training" and (bw is None or bw.graph is None):
+                return
+            self._done = True
+        try:
+            plan = make_plan(self.key, self.kind or "training", *self.facts, fw.graph,
+                             bw.graph if self.kind == "training" and bw is not None else None)
+        except PlanError as exc:
+            log.debug("kiln: no plan for %s: %s", self.key[:12], exc)
+            return
+        self._publish(plan)
+
+
+# ---- running a plan ---------------------------------------------------------------------
+
+def check_against(plan: Plan, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """A fetched plan must fit the dynamo graph at hand: the same inputs (layout; which
+    require grad is in the key, and AOTAutograd's graphs take detached inputs), the
+    same number of outputs with the same shapes and dtypes, and the kind AOTAutograd would
+    choose now. Raises `NotPlannable` saying what differs."""
+    from compiler.wire.plan import value_layout
+
+    if len(example_inputs) != plan.inputs:
+        raise NotPlannable(f"the plan takes {plan.inputs} inputs, the graph {len(example_inputs)}")
+    for spec, x in zip(plan.forward.inputs, example_inputs, strict=True):
+        if (tuple(x.shape) != spec.shape or tuple(x.stride()) != spec.stride
+                or x.dtype != spec.dtype or x.storage_offset() != spec.storage_offset):
+            raise NotPlannable(f"input {spec.name} differs from the plan's")
+    training = torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs)
+    if plan.kind != ("training" if training else "inference"):
+        raise NotPlannable(f"a {plan.kind} plan for a graph that is not")
+    returned = gm.graph.output_node().args[0]
+    returned = returned if isinstance(returned, tuple | list) else (returned,)
+    if len(returned) != len(plan.output_requires_grad):
+        raise NotPlannable(f"the plan returns {len(plan.output_requires_grad)} outputs, the "
+                           f"graph {len(returned)}")
+    first = len(plan.mutated_inputs)
+    for node, ref in zip(returned, plan.forward.outputs[first:], strict=False):
+        value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and ref is not None and \
+                value_layout(plan.forward, ref) != (tuple(value.shape), value.dtype):
+            raise NotPlannable(f"output {ref.name} differs from the graph's")
+
+
+class PlanRunner:
+    """The callable dynamo gets for a planned graph (called with the graph's inputs)."""
+
+    def __init__(self, plan: Plan, forward: CompiledGraph,
+                 backward: Callable[[], CompiledGraph] | None) -> None:
+        self.mutated = plan.mutated_inputs
+        self.requires_grad = plan.output_requires_grad
+        self.tangents = plan.tangents
+        # How the backward's graph takes each gradient: shape, strides, dtype.
+        self.tangent_layouts = [] if plan.backward is None else [
+            (spec.shape, spec.stride, spec.dtype) for spec in plan.backward.inputs[plan.saved:]]
+        self.forward = forward
+        self.backward = backward
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        if self.backward is None:
+            return self.run_forward(list(args))[0]
+        return _PlanFunction.apply(self, *args)
+
+    def run_forward(self, args: list[Any]) -> tuple[tuple[Any, ...], list[Any]]:
+        """The user outputs and the values saved for the backward; mutated inputs updated."""
+        inputs = list(args)
+        outs = self.forward(args)
+        first, user = len(self.mutated), len(self.requires_grad)
+        with torch.no_grad():
+            for i, value in zip(self.mutated, outs[:first], strict=True):
+                inputs[i].copy_(value)
+        return tuple(outs[first:first + user]), list(outs[first + user:])
+
+    def gradients(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The output gradients the backward takes, laid out as its graph was traced."""
+        laid = []
+        for i, (shape, stride, dtype) in zip(self.tangents, self.tangent_layouts, strict=True):
+            grad = grads[i]
+            if grad.dtype != dtype or not _same_layout(grad, shape, stride):
+                grad = torch.empty_strided(shape, stride, dtype=dtype,
+                                           device=grad.device).copy_(grad)
+            laid.append(grad)
+        return laid
+
+
+def _same_layout(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    if tuple(t.shape) != tuple(shape) or t.storage_offset() != 0:
+        return False
+    return all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, shape, strict=True))
+
+
+class _PlanFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, runner: PlanRunner, *args: Any) -> tuple[Any, ...]:
+        user, saved = runner.run_forward(list(args))
+        ctx.runner = runner
+        ctx.save_for_backward(*saved)
+        ctx.mark_non_differentiable(*(o for o, rg in zip(user, runner.requires_grad, strict=True)
+                                      if not rg and isinstance(o, torch.Tensor)))
+        return user
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        runner: PlanRunner = ctx.runner
+        assert runner.backward is not None
+        backward = runner.backward()
+        return (None, *backward([*ctx.saved_tensors, *runner.gradients(grads)]))

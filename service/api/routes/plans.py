@@ -1,0 +1,115 @@
+"""`PUT /v1/plans/{key}` and `GET /v1/plans/{key}`: plans (kiln.plan/1) that let a
+client's next process skip AOTAutograd for a dynamo graph it compiled before.
+
+A plan is stored once per key, first writer wins, and never replaced (an admin may delete
+it). The service checks each plan as data (`compiler.wire.plan.parse_plan`) and never runs
+it; a client checks a fetched plan against its own dynamo graph before using it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+
+from service import store
+from service.api.deps import Client, Ctx
+from service.api.routes.schedules import KEY_RE
+from service.context import ServiceContext
+from service.errors import ApiError
+from service.intake import body_weight, limiter_of, read_body, run_cancellable
+from service.metrics import PLAN_LOOKUPS, PLAN_STORES
+
+router = APIRouter(prefix="/v1", tags=["plans"])
+
+_GRAPH = {"type": "object", "description": "a kiln.graph/1 document"}
+_PLAN_SCHEMA = {
+    "type": "object", "description": "a kiln.plan/1 document (compiler/wire/plan.py)",
+    "required": ["format", "key", "kind", "inputs", "mutated_inputs", "outputs", "forward"],
+    "additionalProperties": False,
+    "properties": {
+        "format": {"type": "string", "enum": ["kiln.plan/1"]},
+        "key": {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "the URL's key"},
+        "kind": {"type": "string", "enum": ["training", "inference"]},
+        "inputs": {"type": "integer", "minimum": 0},
+        "mutated_inputs": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "outputs": {"type": "array", "items": {
+            "type": "object", "required": ["requires_grad"], "additionalProperties": False,
+            "properties": {"requires_grad": {"type": "boolean"}}}},
+        "forward": _GRAPH,
+        "backward": {"anyOf": [_GRAPH, {"type": "null"}],
+                     "description": "a training plan's backward graph; null for inference"},
+    },
+}
+_BODY_SCHEMA = {"required": True, "content": {"application/json": {"schema": _PLAN_SCHEMA}}}
+
+
+def _check_key(key: str) -> None:
+    if not KEY_RE.match(key):
+        raise ApiError(422, "invalid_key", "a plan key is 64 lowercase hex digits")
+
+
+def _parse(body: bytes, cancel: threading.Event) -> tuple[str, str, str]:
+    """A plan body's (key, kind, canonical text); ApiError 422 naming what is wrong."""
+    import compiler
+    from compiler.wire.plan import PlanError, parse_plan, plan_text
+
+    try:
+        plan = parse_plan(body, cancel=cancel)
+    except compiler.ValidationCancelled:
+        raise ApiError(400, "cancelled", "the client went away; validation stopped") from None
+    except PlanError as exc:  # its message already says "plan: ..."
+        raise ApiError(422, "invalid_plan", str(exc)) from None
+    except (ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
+        raise ApiError(422, "invalid_plan", f"invalid plan: {exc}") from None
+    return plan.key, plan.kind, plan_text(plan)
+
+
+def _store(ctx: ServiceContext, key: str, kind: str, text: str) -> bool:
+    with ctx.transaction() as session:
+        return store.put_plan(session, key, kind, text)
+
+
+def _fetch(ctx: ServiceContext, key: str) -> str | None:
+    with ctx.transaction() as session:
+        return store.get_plan(session, key)
+
+
+@router.put("/plans/{key}", status_code=201, openapi_extra={"requestBody": _BODY_SCHEMA},
+            responses={200: {"description": "the key already holds a plan, which stays"},
+                       201: {"description": "stored"}, 413: {"description": "too large"},
+                       422: {"description": "bad plan, or its key is not the URL's"}})
+async def put_plan(key: str, request: Request, ctx: Ctx, _who: Client) -> JSONResponse:
+    """Store a kiln.plan/1 document under `key` (its own `key` field): 201 `{"key",
+    "created": true}`, or 200 `{"key", "created": false}` when the key already holds a
+    plan, which is kept (first writer wins)."""
+    from compiler.wire.plan import max_plan_bytes
+
+    _check_key(key)
+    limit = max_plan_bytes()
+    async with limiter_of(request).admit(body_weight(request, limit)):
+        body = await read_body(request, limit)
+        plan_key, kind, text = await run_cancellable(request, _parse, body)
+    if plan_key != key:
+        raise ApiError(422, "key_mismatch", f"the plan's key {plan_key} is not the URL's {key}")
+    created = await run_in_threadpool(_store, ctx, key, kind, text)
+    PLAN_STORES.labels("created" if created else "known").inc()
+    return JSONResponse({"key": key, "created": created}, status_code=201 if created else 200)
+
+
+@router.get("/plans/{key}", responses={
+    200: {"description": "the stored plan", "content": {"application/json": {"schema": _PLAN_SCHEMA}}},
+    404: {"description": "no plan for this key"}, 422: {"description": "malformed key"}})
+async def get_plan(key: str, ctx: Ctx, _who: Client) -> Response:
+    """200 with the stored kiln.plan/1 document (canonical JSON), 404 when the key holds
+    none. The service checked it as data when it was stored; the client checks it against
+    its own dynamo graph before using it."""
+    _check_key(key)
+    text = await run_in_threadpool(_fetch, ctx, key)
+    if text is None:
+        PLAN_LOOKUPS.labels("miss").inc()
+        raise ApiError(404, "not_found", f"no plan for key {key}; compile and PUT one")
+    PLAN_LOOKUPS.labels("hit").inc()
+    return Response(text, media_type="application/json")  # stored text as is: no re-encode

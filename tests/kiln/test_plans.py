@@ -1,0 +1,247 @@
+"""Plans (kiln.plans): a dynamo graph that AOTAutograd split once runs, in the next process,
+without AOTAutograd, and exactly as it did through it: outputs, gradients, mutated buffers."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln import backend, plans
+from kiln.cache import PlanCache
+
+pytestmark = pytest.mark.usefixtures("kiln_state")
+
+
+class ConvBN(nn.Module):
+    """A convolution with batch norm (its running statistics are mutated inputs), an
+    output that requires grad and one that does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+        self.pool = nn.MaxPool2d(2)  # F.max_pool2d: a function made inside torch
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.pool(torch.relu(self.bn(self.conv(x)))).mean((2, 3))
+        return self.fc(y), y.detach()
+
+
+class ReturnsAView(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fc(x), x.view(-1)  # an output aliasing an input: AOTAutograd's runtime
+
+
+def _step(model: nn.Module, x: torch.Tensor, compiled: bool) -> dict[str, list[torch.Tensor]]:
+    """One training step's outputs, parameter gradients and buffers. The loss reads the
+    first output transposed, so its gradient reaches the graph non-contiguous."""
+    fn = torch.compile(model, backend="kiln") if compiled else model
+    out, aside = fn(x)
+    (out.t() @ torch.ones(out.shape[0], 3)).square().sum().backward()
+    return {"outputs": [out.detach(), aside], "grads": [p.grad for p in model.parameters()],
+            "buffers": list(model.buffers()),
+            "requires_grad": [out.requires_grad, aside.requires_grad]}
+
+
+def _fresh_process() -> None:
+    """What a new process starts with: no dynamo state, no counters (the disk stays)."""
+    torch._dynamo.reset()
+    kiln.degrade.reset()
+    backend.shutdown()
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert got["requires_grad"] == want["requires_grad"]
+    for name in ("outputs", "grads", "buffers"):
+        for a, b in zip(got[name], want[name], strict=True):
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-5, atol=1e-5)
+
+
+def _plan_files(kiln_state: dict) -> list:
+    return list(PlanCache(kiln_state["cache_dir"] / "plans").scan())
+
+
+def test_a_planned_training_step_skips_aotautograd_and_matches_eager(kiln_state):
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = ConvBN(), torch.randn(2, 3, 10, 10)
+    want = _step(copy.deepcopy(model), x, compiled=False)
+
+    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    assert kiln.stats()["seconds:aot"] > 0 and len(_plan_files(kiln_state)) == 1
+
+    _fresh_process()
+    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    stats = kiln.stats()
+    assert stats["plans_used"] == 1 and "seconds:aot" not in stats  # AOTAutograd never ran
+    kinds = sorted(g.kind for g in backend.compiled_graphs())
+    assert kinds == ["backward", "forward"]
+    assert all(g.level == "heuristic" for g in backend.compiled_graphs())
+    assert stats["schedules_cached"] == 2  # the planned graphs are the same graphs
+
+
+def test_a_planned_inference_graph_matches_eager():
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = ConvBN().eval(), torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(2):
+            _fresh_process()
+            got = torch.compile(model, backend="kiln")(x)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert kiln.stats()["plans_used"] == 1
+
+
+def test_a_graph_whose_output_aliases_an_input_gets_no_plan(kiln_state):
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = ReturnsAView(), torch.randn(2, 4)
+    want = model(x)
+    for _ in range(2):
+        _fresh_process()
+        got = torch.compile(model, backend="kiln")(x)
+        assert got[1]._base is x  # still the view AOTAutograd's runtime makes
+        torch.testing.assert_close(got[0], want[0])
+    assert not _plan_files(kiln_state) and "plans_used" not in kiln.stats()
+
+
+def test_a_plan_that_does_not_fit_the_graph_is_refused_and_aotautograd_runs(kiln_state):
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = ConvBN(), torch.randn(2, 3, 10, 10)
+    want = _step(copy.deepcopy(model), x, compiled=False)
+    _step(copy.deepcopy(model), x, compiled=True)
+    (entry,) = _plan_files(kiln_state)
+    doc = json.loads(entry.path.read_text())
+    outputs = doc["forward"]["outputs"]  # the buffers' 3 new values, then the 2 outputs
+    outputs[3], outputs[4] = outputs[4], outputs[3]  # still a plan, not this graph's
+    entry.path.write_text(json.dumps(doc))
+
+    _fresh_process()
+    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    stats = kiln.stats()
+    assert stats["plans_refused"] == 1 and stats["seconds:aot"] > 0
+
+
+def test_a_corrupt_plan_file_is_ignored_and_replaced(kiln_state):
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = ConvBN(), torch.randn(2, 3, 10, 10)
+    want = _step(copy.deepcopy(model), x, compiled=False)
+    _step(copy.deepcopy(model), x, compiled=True)
+    (entry,) = _plan_files(kiln_state)
+    entry.path.write_text(entry.path.read_text()[:500])
+
+    _fresh_process()
+    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    assert "plans_used" not in kiln.stats()
+    _fresh_process()
+    _step(copy.deepcopy(model), x, compiled=True)
+    assert kiln.stats()["plans_used"] == 1  # the second compile stored a good one
+
+
+def test_plans_off_records_and_uses_none(kiln_state):
+    kiln.configure(url=None, plans=False)
+    torch.manual_seed(0)
+    model, x = ConvBN(), torch.randn(2, 3, 10, 10)
+    for _ in range(2):
+        _fresh_process()
+        _step(copy.deepcopy(model), x, compiled=True)
+    assert not _plan_files(kiln_state) and "plans_used" not in kiln.stats()
+
+
+def _dynamo_graph(model: nn.Module, *inputs: torch.Tensor) -> tuple[torch.fx.GraphModule, list]:
+    captured = []
+
+    def keep(gm, example_inputs):
+        captured.append((gm, list(example_inputs)))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=keep)(*inputs)
+    return captured[0]
+
+
+def test_the_plan_key_follows_the_graph_its_inputs_and_grad_mode():
+    torch.manual_seed(0)
+    model = ConvBN()
+    key = plans.plan_key(*_dynamo_graph(model, torch.randn(2, 3, 10, 10)))
+    assert key == plans.plan_key(*_dynamo_graph(copy.deepcopy(model), torch.randn(2, 3, 10, 10)))
+    assert key != plans.plan_key(*_dynamo_graph(model, torch.randn(4, 3, 10, 10)))
+    gm, inputs = _dynamo_graph(model, torch.randn(2, 3, 10, 10))
+    with torch.no_grad():
+        assert plans.plan_key(gm, inputs) != key
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    assert plans.plan_key(*_dynamo_graph(frozen, torch.randn(2, 3, 10, 10))) != key
+
+
+def test_a_graph_calling_an_unnamed_function_has_no_key():
+    gm, inputs = _dynamo_graph(nn.Linear(3, 3), torch.randn(2, 3))
+    output = gm.graph.output_node()
+    with gm.graph.inserting_before(output):
+        extra = gm.graph.call_function(lambda t: t, (output.args[0][0],))
+    output.args = ((extra,),)
+    with pytest.raises(plans.NotPlannable, match="no stable name"):
+        plans.plan_key(gm, inputs)
+
+
+def test_parse_plan_refuses_what_does_not_fit_its_graphs(kiln_state):
+    from compiler.wire.plan import PlanError, parse_plan
+
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    _step(ConvBN(), torch.randn(2, 3, 10, 10), compiled=True)
+    (entry,) = _plan_files(kiln_state)
+    good = json.loads(entry.path.read_text())
+    assert parse_plan(good).mutated_inputs  # batch norm's running statistics
+
+    def broken(change) -> str:
+        doc = copy.deepcopy(good)
+        change(doc)
+        with pytest.raises(PlanError) as err:
+            parse_plan(doc)
+        return str(err.value)
+
+    def swap_buffer_values(doc):  # num_batches_tracked gets the running mean's value
+        doc["forward"]["outputs"][:2] = doc["forward"]["outputs"][1::-1]
+
+    assert "new value of input" in broken(swap_buffer_values)
+    assert "returns" in broken(lambda d: d["backward"]["outputs"].pop())
+    assert "needs its backward" in broken(lambda d: d.update(backward=None))
+    assert "unknown fields" in broken(lambda d: d.update(extra=1))
+    assert "inputs" in broken(lambda d: d.update(inputs=d["inputs"] + 1))
+    assert "mutated_inputs" in broken(lambda d: d.update(mutated_inputs=[2, 1]))
+
+
+def test_inputs_sharing_storage_are_planned_unless_one_is_mutated(kiln_state):
+    kiln.configure(url=None)
+
+    def scale(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * 2 + b.sum()
+
+    def bump(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.add_(1)  # AOTAutograd replays this on the shared base: no plan
+        return b * 2
+
+    for fn, planned in ((scale, True), (bump, False)):
+        kiln.degrade.reset()
+        for _ in range(2):
+            torch._dynamo.reset()
+            base, want_base = torch.arange(8.0), torch.arange(8.0)
+            got = torch.compile(fn, backend="kiln")(base[:4], base[4:])
+            want = fn(want_base[:4], want_base[4:])
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(base, want_base)
+        assert kiln.stats().get("plans_used", 0) == int(planned), fn.__name__
