@@ -10,9 +10,10 @@ from collections import Counter
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from examples.models import GPT, GPTConfig, SeedMLP, gpt_batches, train
-from kiln import KilnWarning
+from kiln import KilnWarning, backend, degrade
 
 _CAUSE = re.compile(r"^kiln \[(\w+)\]")
 
@@ -77,3 +78,44 @@ def check_grads_per_batch(compiled, model: torch.nn.Module, batches: tuple[int, 
         model(x).square().sum().backward()
         for g, p in zip(got, model.parameters(), strict=True):
             torch.testing.assert_close(g, p.grad)
+
+
+class ConvBN(nn.Module):
+    """A convolution with batch norm (its running statistics are mutated inputs), an
+    output that requires grad and one that does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+        self.pool = nn.MaxPool2d(2)  # F.max_pool2d: a function made inside torch
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.pool(torch.relu(self.bn(self.conv(x)))).mean((2, 3))
+        return self.fc(y), y.detach()
+
+
+def step_outputs(model: nn.Module, x: torch.Tensor, compiled: bool) -> dict[str, list[torch.Tensor]]:
+    """One training step's outputs, parameter gradients and buffers. The loss reads the
+    first output transposed, so its gradient reaches the graph non-contiguous."""
+    fn = torch.compile(model, backend="kiln") if compiled else model
+    out, aside = fn(x)
+    (out.t() @ torch.ones(out.shape[0], 3, device=out.device)).square().sum().backward()
+    return {"outputs": [out.detach(), aside], "grads": [p.grad for p in model.parameters()],
+            "buffers": list(model.buffers()),
+            "requires_grad": [out.requires_grad, aside.requires_grad]}
+
+
+def fresh_process() -> None:
+    """What a new process starts with: no dynamo state, no counters (the disk stays)."""
+    torch._dynamo.reset()
+    degrade.reset()
+    backend.shutdown()
+
+
+def assert_same_step(got: dict, want: dict, tol: float = 1e-5) -> None:
+    assert got["requires_grad"] == want["requires_grad"]
+    for name in ("outputs", "grads", "buffers"):
+        for a, b in zip(got[name], want[name], strict=True):
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)

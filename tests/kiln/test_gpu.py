@@ -3,13 +3,21 @@ Skipped without CUDA; the CPU twins (Triton interpreter) are in test_backend_loc
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 import kiln
 from examples.models import GPT, GPTConfig, gpt_batches, train
 from kiln import backend
-from tests.kiln.helpers import assert_close_losses
+from tests.kiln.helpers import (
+    ConvBN,
+    assert_close_losses,
+    assert_same_step,
+    fresh_process,
+    step_outputs,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("kiln_state"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -49,3 +57,18 @@ def test_background_compile_on_cuda_trains_like_eager():
             assert {g.level for g in backend.compiled_graphs()} == {"heuristic"}
         losses[name] += train(fn, batches[3:])  # on kiln's kernels for the kiln model
     assert_close_losses(losses["kiln"], losses["eager"], rtol=1e-3)
+
+
+
+def test_a_planned_training_step_on_cuda_matches_eager():
+    """A second compile (fresh dynamo) runs from the plan the first stored: no AOTAutograd,
+    the backward built on its own thread, the same outputs, gradients and statistics."""
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = ConvBN().cuda(), torch.randn(4, 3, 16, 16, device="cuda")
+    want = step_outputs(copy.deepcopy(model), x, compiled=False)
+    for planned in (False, True):
+        fresh_process()
+        assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want, tol=1e-4)
+        assert kiln.stats().get("plans_used", 0) == int(planned)
+    assert "seconds:aot" not in kiln.stats()

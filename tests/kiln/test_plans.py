@@ -13,24 +13,9 @@ from torch import nn
 import kiln
 from kiln import backend, plans
 from kiln.cache import PlanCache
+from tests.kiln.helpers import ConvBN, assert_same_step, fresh_process, step_outputs
 
 pytestmark = pytest.mark.usefixtures("kiln_state")
-
-
-class ConvBN(nn.Module):
-    """A convolution with batch norm (its running statistics are mutated inputs), an
-    output that requires grad and one that does not."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3)
-        self.bn = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8, 5)
-        self.pool = nn.MaxPool2d(2)  # F.max_pool2d: a function made inside torch
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = self.pool(torch.relu(self.bn(self.conv(x)))).mean((2, 3))
-        return self.fc(y), y.detach()
 
 
 class ReturnsAView(nn.Module):
@@ -42,31 +27,6 @@ class ReturnsAView(nn.Module):
         return self.fc(x), x.view(-1)  # an output aliasing an input: AOTAutograd's runtime
 
 
-def _step(model: nn.Module, x: torch.Tensor, compiled: bool) -> dict[str, list[torch.Tensor]]:
-    """One training step's outputs, parameter gradients and buffers. The loss reads the
-    first output transposed, so its gradient reaches the graph non-contiguous."""
-    fn = torch.compile(model, backend="kiln") if compiled else model
-    out, aside = fn(x)
-    (out.t() @ torch.ones(out.shape[0], 3)).square().sum().backward()
-    return {"outputs": [out.detach(), aside], "grads": [p.grad for p in model.parameters()],
-            "buffers": list(model.buffers()),
-            "requires_grad": [out.requires_grad, aside.requires_grad]}
-
-
-def _fresh_process() -> None:
-    """What a new process starts with: no dynamo state, no counters (the disk stays)."""
-    torch._dynamo.reset()
-    kiln.degrade.reset()
-    backend.shutdown()
-
-
-def _assert_same(got: dict, want: dict) -> None:
-    assert got["requires_grad"] == want["requires_grad"]
-    for name in ("outputs", "grads", "buffers"):
-        for a, b in zip(got[name], want[name], strict=True):
-            torch.testing.assert_close(a.float(), b.float(), rtol=1e-5, atol=1e-5)
-
-
 def _plan_files(kiln_state: dict) -> list:
     return list(PlanCache(kiln_state["cache_dir"] / "plans").scan())
 
@@ -75,13 +35,13 @@ def test_a_planned_training_step_skips_aotautograd_and_matches_eager(kiln_state)
     kiln.configure(url=None)
     torch.manual_seed(0)
     model, x = ConvBN(), torch.randn(2, 3, 10, 10)
-    want = _step(copy.deepcopy(model), x, compiled=False)
+    want = step_outputs(copy.deepcopy(model), x, compiled=False)
 
-    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
     assert kiln.stats()["seconds:aot"] > 0 and len(_plan_files(kiln_state)) == 1
 
-    _fresh_process()
-    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    fresh_process()
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
     stats = kiln.stats()
     assert stats["plans_used"] == 1 and "seconds:aot" not in stats  # AOTAutograd never ran
     kinds = sorted(g.kind for g in backend.compiled_graphs())
@@ -97,7 +57,7 @@ def test_a_planned_inference_graph_matches_eager():
     with torch.no_grad():
         want = model(x)
         for _ in range(2):
-            _fresh_process()
+            fresh_process()
             got = torch.compile(model, backend="kiln")(x)
             for a, b in zip(got, want, strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -110,7 +70,7 @@ def test_a_graph_whose_output_aliases_an_input_gets_no_plan(kiln_state):
     model, x = ReturnsAView(), torch.randn(2, 4)
     want = model(x)
     for _ in range(2):
-        _fresh_process()
+        fresh_process()
         got = torch.compile(model, backend="kiln")(x)
         assert got[1]._base is x  # still the view AOTAutograd's runtime makes
         torch.testing.assert_close(got[0], want[0])
@@ -121,16 +81,16 @@ def test_a_plan_that_does_not_fit_the_graph_is_refused_and_aotautograd_runs(kiln
     kiln.configure(url=None)
     torch.manual_seed(0)
     model, x = ConvBN(), torch.randn(2, 3, 10, 10)
-    want = _step(copy.deepcopy(model), x, compiled=False)
-    _step(copy.deepcopy(model), x, compiled=True)
+    want = step_outputs(copy.deepcopy(model), x, compiled=False)
+    step_outputs(copy.deepcopy(model), x, compiled=True)
     (entry,) = _plan_files(kiln_state)
     doc = json.loads(entry.path.read_text())
     outputs = doc["forward"]["outputs"]  # the buffers' 3 new values, then the 2 outputs
     outputs[3], outputs[4] = outputs[4], outputs[3]  # still a plan, not this graph's
     entry.path.write_text(json.dumps(doc))
 
-    _fresh_process()
-    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    fresh_process()
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
     stats = kiln.stats()
     assert stats["plans_refused"] == 1 and stats["seconds:aot"] > 0
 
@@ -139,16 +99,16 @@ def test_a_corrupt_plan_file_is_ignored_and_replaced(kiln_state):
     kiln.configure(url=None)
     torch.manual_seed(0)
     model, x = ConvBN(), torch.randn(2, 3, 10, 10)
-    want = _step(copy.deepcopy(model), x, compiled=False)
-    _step(copy.deepcopy(model), x, compiled=True)
+    want = step_outputs(copy.deepcopy(model), x, compiled=False)
+    step_outputs(copy.deepcopy(model), x, compiled=True)
     (entry,) = _plan_files(kiln_state)
     entry.path.write_text(entry.path.read_text()[:500])
 
-    _fresh_process()
-    _assert_same(_step(copy.deepcopy(model), x, compiled=True), want)
+    fresh_process()
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
     assert "plans_used" not in kiln.stats()
-    _fresh_process()
-    _step(copy.deepcopy(model), x, compiled=True)
+    fresh_process()
+    step_outputs(copy.deepcopy(model), x, compiled=True)
     assert kiln.stats()["plans_used"] == 1  # the second compile stored a good one
 
 
@@ -157,8 +117,8 @@ def test_plans_off_records_and_uses_none(kiln_state):
     torch.manual_seed(0)
     model, x = ConvBN(), torch.randn(2, 3, 10, 10)
     for _ in range(2):
-        _fresh_process()
-        _step(copy.deepcopy(model), x, compiled=True)
+        fresh_process()
+        step_outputs(copy.deepcopy(model), x, compiled=True)
     assert not _plan_files(kiln_state) and "plans_used" not in kiln.stats()
 
 
@@ -202,7 +162,7 @@ def test_parse_plan_refuses_what_does_not_fit_its_graphs(kiln_state):
 
     kiln.configure(url=None)
     torch.manual_seed(0)
-    _step(ConvBN(), torch.randn(2, 3, 10, 10), compiled=True)
+    step_outputs(ConvBN(), torch.randn(2, 3, 10, 10), compiled=True)
     (entry,) = _plan_files(kiln_state)
     good = json.loads(entry.path.read_text())
     assert parse_plan(good).mutated_inputs  # batch norm's running statistics
