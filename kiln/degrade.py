@@ -39,6 +39,7 @@ CAUSES: dict[str, str] = {
     "binary_refused": "a compiled kernel from the service failed its checks (sha256, source "
                       "hash or files)",
     "binary_load": "a compiled kernel from the service did not load",
+    "plan": "kiln could not keep the plan of a graph (what AOTAutograd made of it)",
 }
 
 _ACTIONS: dict[str, str] = {
@@ -60,6 +61,7 @@ _ACTIONS: dict[str, str] = {
     "config": "running graphs eagerly (plain PyTorch) until it is fixed",
     "binary_refused": "compiling it here instead",
     "binary_load": "compiling the graph's kernels here instead",
+    "plan": "its next compile goes through AOTAutograd again",
 }
 
 

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln import degrade
+
 if TYPE_CHECKING:
     from compiler.wire.plan import Plan
     from kiln.compiled import CompiledGraph
@@ -218,7 +220,15 @@ class Recorder:
         self.backward = entry
 
     def converted(self) -> None:
-        """A graph of this plan was converted (or failed to be): publish once all are."""
+        """A graph of this plan was converted (or failed to be): publish once all are.
+        Never raises: a plan is an optimisation, and this runs inside compiles."""
+        try:
+            self._publish_when_complete()
+        except Exception as exc:  # noqa: BLE001 - warned once; the compile goes on
+            log.debug("kiln: plan %s not kept", self.key[:12], exc_info=True)
+            degrade.warn_once("plan", f"{self.key[:12]}: {type(exc).__name__}: {exc}")
+
+    def _publish_when_complete(self) -> None:
         from compiler.wire.plan import PlanError, make_plan
 
         with self._lock:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from examples.models import GPT, GPTConfig, SeedMLP, gpt_batches, train
-from kiln import KilnWarning, backend, degrade
+from kiln import KilnWarning, backend, degrade, remote_compile
 
 _CAUSE = re.compile(r"^kiln \[(\w+)\]")
 
@@ -99,7 +99,7 @@ class ConvBN(nn.Module):
 def step_outputs(model: nn.Module, x: torch.Tensor, compiled: bool) -> dict[str, list[torch.Tensor]]:
     """One training step's outputs, parameter gradients and buffers. The loss reads the
     first output transposed, so its gradient reaches the graph non-contiguous."""
-    fn = torch.compile(model, backend="kiln") if compiled else model
+    fn = torch.compile(model, backend=remote_compile) if compiled else model
     out, aside = fn(x)
     (out.t() @ torch.ones(out.shape[0], 3, device=out.device)).square().sum().backward()
     return {"outputs": [out.detach(), aside], "grads": [p.grad for p in model.parameters()],
