@@ -235,12 +235,10 @@ def _resolve(entry: CompiledGraph, example_inputs: list[Any], resolver: Resolver
                 return  # the very graph compiled ahead: its conversion too
             if not _convert(entry, example_inputs):
                 return
-            if recorder is not None:
-                recorder.converted()
             if entry.kind == "backward" and _take_ahead(entry, resolver):
                 return
             _settle(entry, resolver, _find(entry, resolver))
-        finally:
+        finally:  # after the service answered: the plan's upload must not delay that
             if recorder is not None:
                 recorder.converted()
 
@@ -551,14 +549,14 @@ class _Ahead:
                 log.debug("kiln: no fingerprint for a backward: %s", exc)
             self.ok = _convert(self.entry, self._inputs, count=False)
             self.converted.set()
-            if self.recorder is not None:
-                self.recorder.converted()
             if self.ok:
                 self.answer = _find(self.entry, self.resolver)
         finally:
             self._inputs = []
             self.converted.set()
             self.done.set()
+            if self.recorder is not None:  # after the service answered, as in _resolve
+                self.recorder.converted()
 
 
 # Tests: compile CPU (interpreter) backwards ahead too, and finish before the forward runs.

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kiln import config as kiln_config
-from kiln.cache import ScheduleCache
+from kiln.cache import PlanCache, ScheduleCache
 from kiln.client import ServiceClient, ServiceError
 
 _NUMBER = re.compile(r"^(-?[\d.]+(%|s)?|-|)$")
@@ -81,19 +81,25 @@ def _config() -> kiln_config.Config:
 
 # -- kiln cache -------------------------------------------------------------------------------
 
-def cache_summary(cache: ScheduleCache) -> dict[str, Any]:
+def cache_summary(cache: ScheduleCache, plans: PlanCache | None = None) -> dict[str, Any]:
     """What the cache holds: entries by status (`unreadable`: corrupt or foreign files),
-    bytes, the cap, and when its least and most recently used entries were used."""
+    bytes, the cap, and when its least and most recently used entries were used; with
+    `plans`, how many plans (kiln.plans) and their bytes."""
     files = list(cache.scan())
     counts = {"tuned": 0, "heuristic": 0, "unreadable": 0}
     for f in files:
         entry = cache.peek(f.key)
         counts[entry.status if entry is not None else "unreadable"] += 1
     used = [f.used for f in files]
-    return {"directory": str(cache.root), "entries": len(files), **counts,
-            "bytes": sum(f.size for f in files), "max_bytes": cache.max_bytes,
-            "least_recently_used": _iso(min(used)) if used else None,
-            "most_recently_used": _iso(max(used)) if used else None}
+    summary = {"directory": str(cache.root), "entries": len(files), **counts,
+               "bytes": sum(f.size for f in files), "max_bytes": cache.max_bytes,
+               "least_recently_used": _iso(min(used)) if used else None,
+               "most_recently_used": _iso(max(used)) if used else None}
+    if plans is not None:
+        plan_files = list(plans.scan())
+        summary["plans"] = {"directory": str(plans.root), "entries": len(plan_files),
+                            "bytes": sum(f.size for f in plan_files)}
+    return summary
 
 
 def _iso(at: float) -> str:
@@ -112,6 +118,10 @@ def format_cache(summary: dict[str, Any]) -> str:
         entries += f", unreadable {summary['unreadable']}: dropped when read"
     rows = [("kiln schedule cache", summary["directory"]), ("entries", entries + ")"),
             ("size", size)]
+    if "plans" in summary:
+        plans = summary["plans"]
+        rows.append(("plans", f"{plans['entries']} ({human_bytes(plans['bytes'])}) in "
+                              f"{plans['directory']}"))
     now = time.time()
     for label, name in (("least recently used", "least_recently_used"),
                         ("most recently used", "most_recently_used")):
@@ -125,20 +135,25 @@ def format_cache(summary: dict[str, Any]) -> str:
 def cmd_cache(args: argparse.Namespace) -> int:
     """Show the local schedule cache."""
     config = _config()
-    summary = cache_summary(ScheduleCache(config.schedule_dir, config.cache_max_bytes))
+    summary = cache_summary(ScheduleCache(config.schedule_dir, config.cache_max_bytes),
+                            PlanCache(config.plan_dir, config.cache_max_bytes))
     print(json.dumps(summary, indent=2) if args.json else format_cache(summary))
     return 0
 
 
 def cmd_cache_prune(args: argparse.Namespace) -> int:
-    """Remove old entries, then the least recently used past a size."""
+    """Remove old entries, then the least recently used past a size: schedules, and plans
+    (kiln.plans) by the same rules."""
     config = _config()
-    cache = ScheduleCache(config.schedule_dir, config.cache_max_bytes)
     max_bytes = args.max_size if args.max_size is not None else config.cache_max_bytes
-    result = cache.prune(max_bytes=max_bytes, older_than_s=args.older_than, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    print(f"kiln cache prune: {verb} {result.removed} entries ({human_bytes(result.freed_bytes)}); "
-          f"{result.kept} entries ({human_bytes(result.kept_bytes)}) kept in {cache.root}")
+    for what, cache in (("entries", ScheduleCache(config.schedule_dir, config.cache_max_bytes)),
+                        ("plans", PlanCache(config.plan_dir, config.cache_max_bytes))):
+        result = cache.prune(max_bytes=max_bytes, older_than_s=args.older_than,
+                             dry_run=args.dry_run)
+        print(f"kiln cache prune: {verb} {result.removed} {what} "
+              f"({human_bytes(result.freed_bytes)}); {result.kept} {what} "
+              f"({human_bytes(result.kept_bytes)}) kept in {cache.root}")
     return 0
 
 

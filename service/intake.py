@@ -104,6 +104,21 @@ def body_weight(request: Request, limit: int) -> int:
         return limit
 
 
+def warm_validation() -> None:
+    """Import and run graph validation once (torch, the op allowlist, meta kernels), at
+    startup: otherwise the first submissions each wait seconds on those imports together,
+    and on an H200 host three of them (a training graph's forward and backward, its plan)
+    outlasted their clients' 10 s timeout, so the client built locally and never
+    submitted its forward."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import compiler
+
+    x = torch.ones(2, 2)
+    compiler.from_wire(compiler.to_wire(make_fx(lambda t: (t + 1,))(x), [x]))
+
+
 async def parse_cancellable(request: Request, body: bytes) -> tuple[Submission, Any]:
     """`parse_submission` in a worker thread, stopped when the client disconnects."""
     return await run_cancellable(request, parse_submission, body)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import TokenRoles
 from service.api.limits import BodyDeadlineMiddleware
@@ -22,6 +23,7 @@ from service.auth import admin_token_weakness
 from service.context import HitBuffer, ServiceContext
 from service.errors import install_error_handlers
 from service.hotpath import ScheduleReader
+from service.intake import warm_validation
 from service.metrics import MetricsMiddleware
 from service.ratelimit import make_limiters
 from service.settings import Settings
@@ -60,6 +62,11 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
             ctx.recover()
         except Exception as exc:
             log.warning("initial recovery pass failed: %s", exc)
+        try:  # before the first request: none of them waits on the imports
+            await run_in_threadpool(warm_validation)
+            app.state.validation_warm = True
+        except Exception as exc:  # noqa: BLE001 - the first submission pays instead
+            log.warning("warming graph validation failed: %s", exc)
         upkeep = threading.Thread(target=_upkeep, args=(app, stop), name="kiln-upkeep", daemon=True)
         upkeep.start()
         workers = _start_workers(ctx, embedded_worker, gpu_devices)

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln.cache import ScheduleCache
+from kiln.cache import PlanCache, ScheduleCache
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"{i:02x}" * 32 for i in range(1, 5)]
@@ -72,3 +72,22 @@ def test_bad_values_are_one_line_errors(tmp_path: Path) -> None:
         done = kiln(*args, cache_dir=tmp_path, **env)
         assert done.returncode in (1, 2) and needle in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 2
+
+
+def test_cache_counts_and_prunes_plans_beside_schedules(tmp_path: Path) -> None:
+    _fill(tmp_path)
+    plans = PlanCache(tmp_path / "plans")
+    for days, key in ((40, KEYS[0]), (0, KEYS[1])):
+        plans.write(key, '{"format": "kiln.plan/1"}')
+        at = time.time() - days * 86400
+        os.utime(plans.path(key), (at, at))
+    shown = json.loads(kiln("cache", "--json", cache_dir=tmp_path).stdout)
+    assert shown["entries"] == 4  # the plans are not schedule entries
+    assert shown["plans"]["entries"] == 2 and shown["plans"]["bytes"] > 0
+    (line,) = [ln for ln in kiln("cache", cache_dir=tmp_path).stdout.splitlines()
+               if ln.startswith("plans ")]
+    assert line.split()[1] == "2" and str(tmp_path / "plans") in line
+    aged = kiln("cache", "prune", "--older-than", "30d", cache_dir=tmp_path)
+    assert aged.returncode == 0, aged.stderr
+    assert "removed 1 plans" in aged.stdout and "removed 1 entries" in aged.stdout
+    assert [f.key for f in plans.scan()] == [KEYS[1]]

@@ -152,3 +152,9 @@ def test_metrics_count_workers_with_a_recent_heartbeat(pg_ctx: ServiceContext,
     metrics = client.get("/metrics").text
     assert 'kiln_workers_alive{device="cuda"} 1.0' in metrics
     assert 'kiln_workers_alive{device="cpu"} 1.0' in metrics
+
+
+def test_graph_validation_is_warmed_before_the_first_request(client: TestClient) -> None:
+    """Startup runs one validation (imports, meta kernels): the first submissions must not
+    each wait on them (on an H200 host three together outlasted a client's timeout)."""
+    assert client.app.state.validation_warm is True
