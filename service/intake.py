@@ -17,6 +17,7 @@ from service.errors import ApiError
 from service.store import Submission
 
 T = TypeVar("T")
+_GRAPH_ERRORS = (ValueError, TypeError, KeyError, RecursionError, OverflowError)
 
 log = logging.getLogger(__name__)
 MAX_TAG = 200
@@ -119,13 +120,8 @@ def warm_validation() -> None:
     compiler.from_wire(compiler.to_wire(make_fx(lambda t: (t + 1,))(x), [x]))
 
 
-async def parse_cancellable(request: Request, body: bytes) -> tuple[Submission, Any]:
-    """`parse_submission` in a worker thread, stopped when the client disconnects."""
-    return await run_cancellable(request, parse_submission, body)
-
-
-async def run_cancellable(request: Request, parse: Callable[[bytes, threading.Event], T],
-                          body: bytes) -> T:
+async def run_cancellable(request: Request, parse: Callable[[Any, threading.Event], T],
+                          body: Any) -> T:
     """`parse(body, cancel)` in a worker thread, with `cancel` set when the client
     disconnects (validation of a large graph can take seconds of CPU; it stops between two
     nodes with ApiError "cancelled")."""
@@ -141,7 +137,7 @@ async def run_cancellable(request: Request, parse: Callable[[bytes, threading.Ev
         return await run_in_threadpool(parse, body, cancel)
     except ApiError as exc:
         if exc.code == "cancelled":
-            log.info("validation of a %d-byte body stopped: the client went away", len(body))
+            log.info("validation for %s stopped: the client went away", request.url.path)
         raise
     finally:
         watcher.cancel()
@@ -155,11 +151,20 @@ def _field(obj: dict[str, Any], name: str) -> Any:
 
 
 def parse_submission(body: bytes, cancel: threading.Event | None = None) -> tuple[Submission, Any]:
-    """Validate a submission body; returns the Submission and the parsed compiler.Graph.
+    """Validate a submission body; returns the Submission and the parsed compiler.Graph
+    (`read_submission`, then `validate_graph`)."""
+    sub, raw_graph = read_submission(body)
+    return sub, validate_graph(raw_graph, cancel)
+
+
+def read_submission(body: bytes) -> tuple[Submission, Any]:
+    """Decode a submission body and name its graph without running it
+    (`compiler.wire.graph.identify`: schema, op allowlist, limits); returns the Submission
+    and the graph document, which `validate_graph` checks before anything new is stored.
     Every problem a client can cause becomes an ApiError 422 naming what is wrong. The body
-    is decoded with the wire format's budgets (objects, arrays, repeated keys); setting
-    `cancel` stops validation (ApiError 400)."""
+    is decoded with the wire format's budgets (objects, arrays, repeated keys)."""
     import compiler
+    from compiler.wire.graph import identify
 
     try:
         obj = compiler.parse_json(body, max_bytes=len(body))
@@ -174,23 +179,35 @@ def parse_submission(body: bytes, cancel: threading.Event | None = None) -> tupl
         raise ApiError(422, "invalid_request",
                        f"'tag' must be a printable string of at most {MAX_TAG} characters")
     try:
-        graph = compiler.from_wire(raw_graph, cancel=cancel)
-    except compiler.ValidationCancelled:
-        raise ApiError(400, "cancelled", "the client went away; validation stopped") from None
-    except (ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
+        identity = identify(raw_graph)
+    except _GRAPH_ERRORS as exc:
         raise ApiError(422, "invalid_graph", f"invalid graph: {exc}") from None
     try:
         target = compiler.Target.from_json(raw_target)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ApiError(422, "invalid_target", f"invalid target: {exc}") from None
     sub = Submission(
-        key=compiler.tuning_key(graph, target),
-        graph_hash=compiler.graph_hash(graph),
+        key=compiler.tuning_key(identity.graph_hash, target),
+        graph_hash=identity.graph_hash,
         target=target.to_json(),
         queue_class=target.queue_class,
-        wire=graph.canonical_text(),  # the text graph_hash hashed: no second copy of a large graph
-        op_summary=dict(graph.op_summary()),
-        num_nodes=len(graph.nodes),
+        wire=identity.canonical_text,  # the text graph_hash hashed: no second copy of a large graph
+        op_summary=identity.op_summary,
+        num_nodes=identity.num_nodes,
         tag=tag,
     )
-    return sub, graph
+    return sub, raw_graph
+
+
+def validate_graph(raw_graph: Any, cancel: threading.Event | None = None) -> Any:
+    """`compiler.from_wire` of a submission's graph document: the ops run on meta tensors
+    and must give the metas it declares. ApiError 422 naming what is wrong; setting
+    `cancel` stops it (ApiError 400)."""
+    import compiler
+
+    try:
+        return compiler.from_wire(raw_graph, cancel=cancel)
+    except compiler.ValidationCancelled:
+        raise ApiError(400, "cancelled", "the client went away; validation stopped") from None
+    except _GRAPH_ERRORS as exc:
+        raise ApiError(422, "invalid_graph", f"invalid graph: {exc}") from None

@@ -11,12 +11,13 @@ only on the computation.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -223,13 +224,46 @@ def _to_json(spec: GraphSpec) -> dict[str, Any]:
     }
 
 
+def _canonical(doc: Any, wire_limits: WireLimits, require_meta: bool,
+               count_containers: bool) -> tuple[GraphSpec, dict[str, str]]:
+    """The document checked against the schema and the limits, with canonical names; and
+    each canonical name's name in the document."""
+    spec = parse_document(doc, wire_limits, require_meta, count_containers)
+    names = _canonical_names(spec)
+    return _canonical_spec(spec, names), {new: old for old, new in names.items()}
+
+
+@dataclass(frozen=True)
+class WireIdentity:
+    """What names a wire graph, found without running it (`identify`)."""
+
+    canonical_text: str
+    graph_hash: str
+    op_summary: dict[str, int]
+    num_nodes: int
+
+
+def identify(obj: dict[str, Any]) -> WireIdentity:
+    """The canonical text and graph hash `from_wire(obj)` would give, from the schema, the
+    op allowlist and the size limits alone: no op runs, so nothing checks that the ops take
+    their arguments or give their declared metas. For finding a graph validated before
+    (the same canonical text passes the same checks: a service's known graphs); anything
+    new goes through `from_wire`. Raises `WireError` for what fails those checks."""
+    if not isinstance(obj, dict):
+        raise WireError(f"a graph is a JSON object, not {type(obj).__name__}")
+    spec, _ = _canonical(obj, limits(), require_meta=True, count_containers=True)
+    text = json.dumps(_to_json(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
+    return WireIdentity(canonical_text=text,
+                        graph_hash=hashlib.sha256(text.encode("ascii")).hexdigest(),
+                        op_summary=dict(sorted(Counter(n.op for n in spec.nodes).items())),
+                        num_nodes=len(spec.nodes))
+
+
 def _build(doc: Any, wire_limits: WireLimits, require_meta: bool,
            cancel: threading.Event | None = None, count_containers: bool = False) -> Graph:
     deadline = time.monotonic() + wire_limits.max_validation_ms / 1000
-    spec = parse_document(doc, wire_limits, require_meta, count_containers)
-    names = _canonical_names(spec)
-    canonical = _canonical_spec(spec, names)
-    display = {new: old for old, new in names.items()}
+    canonical, display = _canonical(doc, wire_limits, require_meta, count_containers)
     values: dict[str, Any] = {}
     inferred = infer_meta(canonical, display, wire_limits, deadline, cancel, values)
     nodes = []

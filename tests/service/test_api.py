@@ -158,3 +158,29 @@ def test_graph_validation_is_warmed_before_the_first_request(client: TestClient)
     """Startup runs one validation (imports, meta kernels): the first submissions must not
     each wait on them (on an H200 host three together outlasted a client's timeout)."""
     assert client.app.state.validation_warm is True
+
+
+def test_a_known_graph_is_answered_without_running_its_ops(client: TestClient, pg_ctx: ServiceContext,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation runs a graph's ops on meta tensors; a graph whose entry has a schedule
+    passed it when first stored, so a resubmission (every rank of every job, at its start)
+    is answered from its canonical text alone. A new graph is still validated."""
+    import compiler
+
+    key = client.post("/v1/graphs", json=wire_body()).json()["key"]
+    _publish(pg_ctx, key)
+    ran: list[int] = []
+    real = compiler.from_wire
+    monkeypatch.setattr(compiler, "from_wire", lambda *a, **k: ran.append(1) or real(*a, **k))
+    again = client.post("/v1/graphs", json=wire_body())
+    assert again.status_code == 202 and again.json()["schedule"]["status"] == "heuristic"
+    assert not ran
+    other = client.post("/v1/graphs", json=wire_body(target=gpu_target()))  # no schedule yet
+    assert other.status_code == 202 and ran == [1]
+
+    bad = wire_body("gpt_block.fwd")  # unknown, and a declared meta its op does not give
+    node = next(n for n in bad["graph"]["nodes"]
+                if isinstance(n["meta"], dict) and n["meta"].get("dtype") == "float32")
+    node["meta"]["dtype"] = "float64"
+    r = client.post("/v1/graphs", json=bad)
+    assert r.status_code == 422 and "does not match" in r.text

@@ -7,11 +7,19 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
 from service import store
 from service.api.deps import Client, Ctx
 from service.context import ServiceContext
-from service.intake import body_weight, limiter_of, parse_cancellable, read_body
+from service.intake import (
+    body_weight,
+    limiter_of,
+    read_body,
+    read_submission,
+    run_cancellable,
+    validate_graph,
+)
 from service.metrics import LOOKUPS, SUBMISSIONS
 from service.queue import QueueUnavailable
 from service.store import Submission
@@ -30,18 +38,32 @@ _BODY_SCHEMA = {
 }
 
 
+def _hit(session: Session, sub: Submission, owner: str | None) -> tuple[int, dict] | None:
+    """The answer for a graph whose entry has a schedule (recorded as a hit); None when
+    it has none."""
+    entry = store.schedule_by_key(session, sub.key)
+    if entry is None or entry.status not in store.READY:
+        return None
+    store.restore_wire(session, sub)  # if retention dropped it
+    job = store.job_by_key(session, sub.key)
+    if job is not None and owner is not None:
+        store.add_job_owner(session, job.id, owner)
+    store.count_lookup(session, "hit")
+    LOOKUPS.labels("hit").inc()
+    SUBMISSIONS.labels("known").inc()
+    return _answer(entry.key, entry.status, entry.schedule, job.id if job else None)
+
+
+def _known(ctx: ServiceContext, sub: Submission, owner: str | None) -> tuple[int, dict] | None:
+    with ctx.transaction() as session:
+        return _hit(session, sub, owner)
+
+
 def _record(ctx: ServiceContext, sub: Submission, owner: str | None) -> tuple[int, dict]:
     with ctx.transaction() as session:
-        entry = store.schedule_by_key(session, sub.key)
-        if entry is not None and entry.status in store.READY:
-            store.restore_wire(session, sub)  # if retention dropped it
-            job = store.job_by_key(session, sub.key)
-            if job is not None and owner is not None:
-                store.add_job_owner(session, job.id, owner)
-            store.count_lookup(session, "hit")
-            LOOKUPS.labels("hit").inc()
-            SUBMISSIONS.labels("known").inc()
-            return _answer(entry.key, entry.status, entry.schedule, job.id if job else None)
+        hit = _hit(session, sub, owner)  # it may have become ready while we validated
+        if hit is not None:
+            return hit
         reason = store.miss_reason(session, sub.key, sub.graph_hash, sub.target)
         entry, job, enqueue = store.submit(session, sub)
         if owner is not None:
@@ -76,6 +98,12 @@ async def submit_graph(request: Request, ctx: Ctx, who: Client) -> JSONResponse:
     limit = ctx.settings.body_limit
     async with limiter_of(request).admit(body_weight(request, limit)):
         body = await read_body(request, limit)
-        sub, _graph = await parse_cancellable(request, body)
-    status, answer = await run_in_threadpool(_record, ctx, sub, who.owner)
+        sub, raw_graph = await run_in_threadpool(read_submission, body)
+        # A graph with a schedule passed validation when it was first stored, and this one
+        # has its canonical text: answer without running its ops again (every rank of every
+        # job submits every graph at its start).
+        known = await run_in_threadpool(_known, ctx, sub, who.owner)
+        if known is None:
+            await run_cancellable(request, validate_graph, raw_graph)
+    status, answer = known or await run_in_threadpool(_record, ctx, sub, who.owner)
     return JSONResponse(answer, status_code=status)
