@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -77,13 +78,19 @@ def test_a_graph_whose_output_aliases_an_input_gets_no_plan(kiln_state):
     assert not _plan_files(kiln_state) and "plans_used" not in kiln.stats()
 
 
-def test_a_plan_that_does_not_fit_the_graph_is_refused_and_aotautograd_runs(kiln_state):
+def _recorded(kiln_state: dict) -> tuple[nn.Module, torch.Tensor, dict, Any]:
+    """ConvBN, its input, eager's step, and the plan file one compiled step recorded."""
     kiln.configure(url=None)
     torch.manual_seed(0)
     model, x = ConvBN(), torch.randn(2, 3, 10, 10)
     want = step_outputs(copy.deepcopy(model), x, compiled=False)
     step_outputs(copy.deepcopy(model), x, compiled=True)
     (entry,) = _plan_files(kiln_state)
+    return model, x, want, entry
+
+
+def test_a_plan_that_does_not_fit_the_graph_is_refused_and_aotautograd_runs(kiln_state):
+    model, x, want, entry = _recorded(kiln_state)
     doc = json.loads(entry.path.read_text())
     outputs = doc["forward"]["outputs"]  # the buffers' 3 new values, then the 2 outputs
     outputs[3], outputs[4] = outputs[4], outputs[3]  # still a plan, not this graph's
@@ -96,12 +103,7 @@ def test_a_plan_that_does_not_fit_the_graph_is_refused_and_aotautograd_runs(kiln
 
 
 def test_a_corrupt_plan_file_is_ignored_and_replaced(kiln_state):
-    kiln.configure(url=None)
-    torch.manual_seed(0)
-    model, x = ConvBN(), torch.randn(2, 3, 10, 10)
-    want = step_outputs(copy.deepcopy(model), x, compiled=False)
-    step_outputs(copy.deepcopy(model), x, compiled=True)
-    (entry,) = _plan_files(kiln_state)
+    model, x, want, entry = _recorded(kiln_state)
     entry.path.write_text(entry.path.read_text()[:500])
 
     fresh_process()
@@ -160,10 +162,7 @@ def test_a_graph_calling_an_unnamed_function_has_no_key():
 def test_parse_plan_refuses_what_does_not_fit_its_graphs(kiln_state):
     from compiler.wire.plan import PlanError, parse_plan
 
-    kiln.configure(url=None)
-    torch.manual_seed(0)
-    step_outputs(ConvBN(), torch.randn(2, 3, 10, 10), compiled=True)
-    (entry,) = _plan_files(kiln_state)
+    *_, entry = _recorded(kiln_state)
     good = json.loads(entry.path.read_text())
     assert parse_plan(good).mutated_inputs  # batch norm's running statistics
 
