@@ -205,6 +205,8 @@ def format_stats(stats: dict[str, Any], url: str) -> str:
     workers = [[w.get("device", "?"), w.get("queue_class", "?"), w.get("status", "?"),
                 f"{w.get('heartbeat_age_s', 0):.0f}s", w.get("current_job") or "-"]
                for w in stats.get("workers") or []]
+    if "plans" in stats:  # kiln.plans: AOTAutograd's results, by dynamo graph
+        tuned += f"\nplans: {stats['plans']} (dynamo graphs a client may compile without AOTAutograd)"
     parts = [f"kiln service {url}", table(["entries", "count", "share"], entries), tuned,
              table(["lookups", "count", "share"], lookups),
              table(["jobs", "queued", "running"], jobs) if jobs else "jobs: none queued or running",

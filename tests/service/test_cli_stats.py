@@ -66,6 +66,7 @@ def test_stats_reads_the_admin_api(tmp_path: Path) -> None:
         assert ["tuned", "2", "66.7%"] in rows and ["total", "3"] in rows
         assert ["hits", "6", "75.0%"] in rows and ["misses", "2", "25.0%"] in rows
         assert "graph known, other GPU" in out and "workers: none" not in out
+        assert "plans: 0 (" in out  # kiln.plans stored
 
         refused = kiln_stats(KILN_URL=base, KILN_ADMIN_TOKEN="kiln_not-a-token")
         assert refused.returncode == 1
