@@ -109,8 +109,8 @@ def warm_validation() -> None:
     """Import and run graph validation once (torch, the op allowlist, meta kernels), at
     startup: otherwise the first submissions each wait seconds on those imports together,
     and on an H200 host three of them (a training graph's forward and backward, its plan)
-    outlasted their clients' 10 s timeout, so the client built locally and never
-    submitted its forward."""
+    outlasted their client's 10 s timeout: it built both graphs locally, its poller got
+    only one of them to the service before the process ended, and the plan was lost."""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
