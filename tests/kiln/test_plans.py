@@ -204,3 +204,39 @@ def test_inputs_sharing_storage_are_planned_unless_one_is_mutated(kiln_state):
             torch.testing.assert_close(got, want)
             torch.testing.assert_close(base, want_base)
         assert kiln.stats().get("plans_used", 0) == int(planned), fn.__name__
+
+
+class FrozenWithABreak(nn.Module):
+    """A frozen layer (its backward returns None for its parameters), then a graph break:
+    two dynamo graphs, two plans."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(8, 8).requires_grad_(False)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.frozen(x))
+        torch._dynamo.graph_break()
+        return self.head(y) * x[:, :4]
+
+
+def test_frozen_parameters_input_gradients_and_graph_breaks_run_from_plans():
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x0 = FrozenWithABreak(), torch.randn(4, 8)
+
+    def step(compiled: bool) -> list[torch.Tensor]:
+        m, x = copy.deepcopy(model), x0.clone().requires_grad_()
+        fn = torch.compile(m, backend="kiln") if compiled else m
+        out = fn(x)
+        out.square().sum().backward()
+        assert m.frozen.weight.grad is None
+        return [out.detach(), x.grad, m.head.weight.grad, m.head.bias.grad]
+
+    want = step(compiled=False)
+    for planned in (0, 2):
+        fresh_process()
+        for a, b in zip(step(compiled=True), want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert kiln.stats().get("plans_used", 0) == planned
