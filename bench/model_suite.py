@@ -25,6 +25,10 @@ kiln), so its first step is a cold first step. Paths:
   minutes, its step time heuristic). `--hit-variants` measures that hit again in fresh processes
   with other settings (`kiln_hit_variants`: what the first step costs with or without a
   feature).
+- `kiln_warm` (on request, with `kiln_tuned`): the hit again in a fresh process on the local
+  caches the `kiln_tuned` run filled (schedules, plans, kernel sources, Triton's cache), the
+  service still up: a restart on the same node, kiln's counterpart of `inductor_warm`
+  (`kiln_warm_first_s`).
 
 Per path: wall ms per step, host ms, GPU ms, first step s, kernels compiled by the first
 step, dynamo's phase timers of the first step (`dynamo_compile_times`; with
@@ -54,12 +58,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_MARK = "SUITE_RESULT "
 PATHS = ("eager", "inductor", "inductor_warm", "kiln_heuristic", "kiln_tuned")
-EXTRA_PATHS = ("inductor_ro",)  # measured when asked for (--paths)
+EXTRA_PATHS = ("inductor_ro", "kiln_warm")  # measured when asked for (--paths)
+# A warm path is a fresh process on the caches its cold path filled.
+WARM_OF = {"inductor_warm": "inductor", "kiln_warm": "kiln_tuned"}
 TRAIN_ONLY = ("gpt_block_train",)  # models of the set measured as a training step only
 # Record key prefix per path in a case (kiln_heuristic's first step is the cold `kiln_first_s`).
 FIRST_KEY = {"eager": "eager_first_s", "inductor": "inductor_first_s",
              "inductor_warm": "inductor_warm_first_s", "inductor_ro": "inductor_ro_first_s",
-             "kiln_heuristic": "kiln_first_s", "kiln_tuned": "kiln_hit_first_s"}
+             "kiln_heuristic": "kiln_first_s", "kiln_tuned": "kiln_hit_first_s",
+             "kiln_warm": "kiln_warm_first_s"}
 
 
 def _binaries(cache: Path) -> int:
@@ -162,8 +169,7 @@ def _cold_env(workdir: Path, tag: str, extra: dict[str, str]) -> dict[str, str]:
 def _measure(args: argparse.Namespace, workdir: Path, model: str, step: str, path: str,
              extra: dict[str, str], tag: str | None = None) -> dict[str, Any]:
     tag = f"{model}-{step}-{tag or path}"
-    # A warm Inductor run is a fresh process on the caches the cold one filled.
-    cache_tag = f"{model}-{step}-inductor" if path == "inductor_warm" else tag
+    cache_tag = f"{model}-{step}-{WARM_OF[path]}" if path in WARM_OF else tag
     cmd = [sys.executable, "-m", "bench.model_suite", "step", "--model", model, "--step", step,
            "--path", path, "--device", args.device, "--iters", str(args.iters)]
     cmd += ["--small"] if args.small else []
@@ -249,7 +255,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     results: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
     hits: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
     for model, step in cases:
-        for path in (p for p in args.paths if p != "kiln_tuned"):
+        for path in (p for p in args.paths if p not in ("kiln_tuned", "kiln_warm")):
             extra = {"KILN_URL": "off"} if path == "kiln_heuristic" else {}
             results[(model, step)][path] = _measure(args, workdir, model, step, path, extra)
             print(f"  {model}.{step} {path}: {results[(model, step)][path].get('wall_ms')}",
@@ -268,6 +274,9 @@ def orchestrate(args: argparse.Namespace) -> int:
                          "KILN_WAIT_TIMEOUT": str(args.timeout)}
                 results[(model, step)]["kiln_tuned"] = _measure(args, workdir, model, step,
                                                                 "kiln_tuned", extra)
+                if "kiln_warm" in args.paths:  # the same node again: its caches now filled
+                    results[(model, step)]["kiln_warm"] = _measure(args, workdir, model, step,
+                                                                   "kiln_warm", extra)
                 for name, env in args.hit_variants.items():  # the same hit, other settings
                     hits[(model, step)][name] = {"env": env, **_measure(
                         args, workdir, model, step, "kiln_tuned", {**extra, **env},
@@ -380,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.paths) - set(PATHS + EXTRA_PATHS))
     if unknown:
         parser.error(f"unknown paths {unknown}; choose from {', '.join(PATHS + EXTRA_PATHS)}")
+    if "kiln_warm" in args.paths and "kiln_tuned" not in args.paths:
+        parser.error("kiln_warm runs on the caches kiln_tuned fills: add kiln_tuned to --paths")
     return orchestrate(args)
 
 

@@ -113,3 +113,27 @@ def test_cases_name_exact_model_and_step_pairs() -> None:
     for bad in ("gpt2.inferx", "resnet.train", "gpt_block_train.infer", "gpt2"):
         with pytest.raises(argparse.ArgumentTypeError, match="is not a case"):
             _cases(bad)
+
+
+def test_kiln_warm_runs_on_the_caches_the_service_hit_filled(monkeypatch, tmp_path: Path) -> None:
+    import argparse
+
+    from bench import model_suite
+
+    refused = subprocess.run([sys.executable, "-m", "bench.model_suite", "--paths", "kiln_warm"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2 and "add kiln_tuned" in refused.stderr
+    envs = {}
+
+    def run(cmd, env, **kwargs):
+        path = cmd[cmd.index("--path") + 1]
+        envs[path] = env
+        return subprocess.CompletedProcess(cmd, 0, stdout=model_suite.RESULT_MARK + "{}")
+
+    monkeypatch.setattr(model_suite.subprocess, "run", run)
+    args = argparse.Namespace(device="cpu", iters=1, small=True, timeout=1.0)
+    for path in ("kiln_tuned", "kiln_warm", "inductor_warm"):
+        model_suite._measure(args, tmp_path, "gpt2", "train", path, {})
+    for var in ("KILN_CACHE_DIR", "TRITON_CACHE_DIR", "KILN_KERNEL_DIR"):
+        assert envs["kiln_warm"][var] == envs["kiln_tuned"][var]
+        assert Path(envs["inductor_warm"][var]).name.startswith("gpt2-train-inductor-")
