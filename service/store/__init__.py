@@ -60,14 +60,14 @@ from service.store.jobs import (
     take_after_commit,
     unqueued,
 )
-from service.store.plans import count_plans, delete_plan, get_plan, put_plan
+from service.store.plans import count_plans, delete_plan, get_plan, has_plan, put_plan
 from service.store.workers import beat, bury_dead_workers, gpu_serves, register_worker, stop_worker
 
 __all__ = [
     "BinaryRefused",
     "add_binaries",
     "binaries_by_keys",
-    "count_plans", "delete_plan", "get_plan", "put_plan",
+    "count_plans", "delete_plan", "get_plan", "has_plan", "put_plan",
     "MISS_REASONS", "READY", "WIRE_PRUNED", "Submission", "add_event", "add_job_owner",
     "add_measurements", "adopt_untuned", "beat", "bury_dead_workers", "claim", "count_lookup",
     "enqueue_after_commit", "fail_attempt", "finish", "finish_failed", "gpu_serves",

@@ -23,6 +23,11 @@ def put_plan(session: Session, key: str, kind: str, body: str) -> bool:
         hits=0))
 
 
+def has_plan(session: Session, key: str) -> bool:
+    """Whether `key` holds a plan (no hit counted)."""
+    return session.scalar(select(PlanRow.key).where(PlanRow.key == key)) is not None
+
+
 def get_plan(session: Session, key: str) -> str | None:
     """The stored text of `key`'s plan, counting a hit; None when there is none."""
     # One statement reads and counts: no second round trip for the counter.

@@ -82,6 +82,11 @@ def test_a_plan_round_trips_and_the_first_writer_wins(any_client: TestClient) ->
     again = any_client.put(f"/v1/plans/{KEY}", json=second)
     assert again.status_code == 200 and again.json() == {"key": KEY, "created": False}
     assert any_client.get(f"/v1/plans/{KEY}").text == canonical(first)
+    # A held key is answered before any check: the ranks that all found none and all send
+    # the same plan at once cost one validation, not one each.
+    unchecked = any_client.put(f"/v1/plans/{KEY}", json={"format": "nonsense"})
+    assert unchecked.status_code == 200 and unchecked.json()["created"] is False
+    assert any_client.get(f"/v1/plans/{KEY}").text == canonical(first)
 
 
 def test_concurrent_puts_of_one_key_store_one_plan(any_ctx: ServiceContext) -> None:

@@ -72,6 +72,11 @@ def _store(ctx: ServiceContext, key: str, kind: str, text: str) -> bool:
         return store.put_plan(session, key, kind, text)
 
 
+def _held(ctx: ServiceContext, key: str) -> bool:
+    with ctx.transaction() as session:
+        return store.has_plan(session, key)
+
+
 def _fetch(ctx: ServiceContext, key: str) -> str | None:
     with ctx.transaction() as session:
         return store.get_plan(session, key)
@@ -84,13 +89,18 @@ def _fetch(ctx: ServiceContext, key: str) -> str | None:
 async def put_plan(key: str, request: Request, ctx: Ctx, _who: Client) -> JSONResponse:
     """Store a kiln.plan/1 document under `key` (its own `key` field): 201 `{"key",
     "created": true}`, or 200 `{"key", "created": false}` when the key already holds a
-    plan, which is kept (first writer wins)."""
+    plan, which is kept (first writer wins; the body is then not checked)."""
     from compiler.wire.plan import max_plan_bytes
 
     _check_key(key)
     limit = max_plan_bytes()
     async with limiter_of(request).admit(body_weight(request, limit)):
         body = await read_body(request, limit)
+        if await run_in_threadpool(_held, ctx, key):
+            # The stored plan stays whatever this body holds: not validated for nothing
+            # (every rank of a job that found none sends the same plan at once).
+            PLAN_STORES.labels("known").inc()
+            return JSONResponse({"key": key, "created": False}, status_code=200)
         plan_key, kind, text = await run_cancellable(request, _parse, body)
     if plan_key != key:
         raise ApiError(422, "key_mismatch", f"the plan's key {plan_key} is not the URL's {key}")
