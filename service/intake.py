@@ -153,14 +153,15 @@ def _field(obj: dict[str, Any], name: str) -> Any:
 def parse_submission(body: bytes, cancel: threading.Event | None = None) -> tuple[Submission, Any]:
     """Validate a submission body; returns the Submission and the parsed compiler.Graph
     (`read_submission`, then `validate_graph`)."""
-    sub, raw_graph = read_submission(body)
-    return sub, validate_graph(raw_graph, cancel)
+    sub, graph = read_submission(body)
+    return sub, validate_graph(graph, cancel)
 
 
 def read_submission(body: bytes) -> tuple[Submission, Any]:
     """Decode a submission body and name its graph without running it
     (`compiler.wire.graph.identify`: schema, op allowlist, limits); returns the Submission
-    and the graph document, which `validate_graph` checks before anything new is stored.
+    and the named graph (`WireIdentity`), which `validate_graph` checks before anything new
+    is stored.
     Every problem a client can cause becomes an ApiError 422 naming what is wrong. The body
     is decoded with the wire format's budgets (objects, arrays, repeated keys)."""
     import compiler
@@ -179,7 +180,7 @@ def read_submission(body: bytes) -> tuple[Submission, Any]:
         raise ApiError(422, "invalid_request",
                        f"'tag' must be a printable string of at most {MAX_TAG} characters")
     try:
-        identity = identify(raw_graph)
+        graph = identify(raw_graph)
     except _GRAPH_ERRORS as exc:
         raise ApiError(422, "invalid_graph", f"invalid graph: {exc}") from None
     try:
@@ -187,26 +188,26 @@ def read_submission(body: bytes) -> tuple[Submission, Any]:
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ApiError(422, "invalid_target", f"invalid target: {exc}") from None
     sub = Submission(
-        key=compiler.tuning_key(identity.graph_hash, target),
-        graph_hash=identity.graph_hash,
+        key=compiler.tuning_key(graph, target),
+        graph_hash=compiler.graph_hash(graph),
         target=target.to_json(),
         queue_class=target.queue_class,
-        wire=identity.canonical_text,  # the text graph_hash hashed: no second copy of a large graph
-        op_summary=identity.op_summary,
-        num_nodes=identity.num_nodes,
+        wire=graph.canonical_text(),  # the text graph_hash hashed: no second copy of a large graph
+        op_summary=dict(graph.op_summary()),
+        num_nodes=len(graph.nodes),
         tag=tag,
     )
-    return sub, raw_graph
+    return sub, graph
 
 
-def validate_graph(raw_graph: Any, cancel: threading.Event | None = None) -> Any:
-    """`compiler.from_wire` of a submission's graph document: the ops run on meta tensors
-    and must give the metas it declares. ApiError 422 naming what is wrong; setting
-    `cancel` stops it (ApiError 400)."""
+def validate_graph(graph: Any, cancel: threading.Event | None = None) -> Any:
+    """Run a submission's graph (`read_submission`'s `WireIdentity`) on meta tensors: its
+    ops must give the metas it declares. Returns the `compiler.Graph`; ApiError 422 naming
+    what is wrong; setting `cancel` stops it (ApiError 400)."""
     import compiler
 
     try:
-        return compiler.from_wire(raw_graph, cancel=cancel)
+        return graph.validate(cancel)
     except compiler.ValidationCancelled:
         raise ApiError(400, "cancelled", "the client went away; validation stopped") from None
     except _GRAPH_ERRORS as exc:

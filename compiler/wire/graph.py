@@ -11,13 +11,12 @@ only on the computation.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,7 +39,7 @@ from compiler.wire.fx import build_fx, infer_meta
 from compiler.wire.limits import WireLimits, limits
 from compiler.wire.schema import FORMAT, Ref, ValidationCancelled, WireError, encode_float
 
-__all__ = ["FORMAT", "Graph", "ValidationCancelled", "WireError", "from_wire", "parse_json",
+__all__ = ["FORMAT", "Graph", "ValidationCancelled", "WireError", "WireIdentity", "from_wire", "identify", "parse_json",
            "to_graph", "to_wire", "to_wire_and_graph"]
 
 
@@ -84,9 +83,7 @@ class Graph:
     def canonical_text(self) -> str:
         """The canonical JSON text (sorted keys, no whitespace, ASCII) that `graph_hash` hashes."""
         if self._text is None:
-            self._text = json.dumps(
-                self._json, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-            )
+            self._text = _canonical_text(self._json)
         return self._text
 
     def to_fx(self, device: str | torch.device | None = None) -> fx.GraphModule:
@@ -107,7 +104,7 @@ class Graph:
 
     def op_summary(self) -> dict[str, int]:
         """How many times each op occurs, by wire op name, sorted by name."""
-        return dict(sorted(Counter(n.op for n in self._spec.nodes).items()))
+        return _op_summary(self._spec)
 
     def __repr__(self) -> str:
         return f"Graph({len(self._spec.inputs)} inputs, {len(self._spec.nodes)} nodes)"
@@ -224,61 +221,83 @@ def _to_json(spec: GraphSpec) -> dict[str, Any]:
     }
 
 
-def _canonical(doc: Any, wire_limits: WireLimits, require_meta: bool,
-               count_containers: bool) -> tuple[GraphSpec, dict[str, str]]:
-    """The document checked against the schema and the limits, with canonical names; and
-    each canonical name's name in the document."""
-    spec = parse_document(doc, wire_limits, require_meta, count_containers)
-    names = _canonical_names(spec)
-    return _canonical_spec(spec, names), {new: old for old, new in names.items()}
-
-
-@dataclass(frozen=True)
 class WireIdentity:
-    """What names a wire graph, found without running it (`identify`)."""
+    """A wire graph checked against the schema, the op allowlist and the size limits, with
+    its canonical names and text, before any op runs (`identify`): enough to name it
+    (`graph_hash`, `tuning_key`) and to find a graph validated before; `validate` runs it."""
 
-    canonical_text: str
-    graph_hash: str
-    op_summary: dict[str, int]
-    num_nodes: int
+    def __init__(self, doc: Any, wire_limits: WireLimits, require_meta: bool,
+                 count_containers: bool) -> None:
+        # The validation deadline counts parsing too, as it did before the two were split.
+        self._deadline = time.monotonic() + wire_limits.max_validation_ms / 1000
+        spec = parse_document(doc, wire_limits, require_meta, count_containers)
+        names = _canonical_names(spec)
+        self._spec = _canonical_spec(spec, names)
+        self._display = {new: old for old, new in names.items()}  # canonical -> sent name
+        self._limits = wire_limits
+        self._require_meta = require_meta
+        self._json = _to_json(self._spec)
+        self._text: str | None = None
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        return self._spec.nodes
+
+    def canonical_text(self) -> str:
+        """The text `graph_hash` hashes; a validated graph has the same."""
+        if self._text is None:
+            self._text = _canonical_text(self._json)
+        return self._text
+
+    def op_summary(self) -> dict[str, int]:
+        return _op_summary(self._spec)
+
+    def validate(self, cancel: threading.Event | None = None) -> Graph:
+        """Run every op on meta tensors: each must take its arguments and give the meta it
+        declares (without `require_meta`, the metas it gives are taken)."""
+        values: dict[str, Any] = {}
+        inferred = infer_meta(self._spec, self._display, self._limits, self._deadline, cancel,
+                              values)
+        nodes = []
+        for node in self._spec.nodes:
+            meta = inferred.get(node.name)
+            declared = node.meta
+            if self._require_meta and not _same_meta(declared, meta):
+                raise WireError(
+                    f"meta {json.dumps(_meta_json(declared))[:200]} does not match what "
+                    f"{node.op} gives: {json.dumps(_meta_json(meta))[:200]}",
+                    self._display[node.name],
+                )
+            nodes.append(replace(node, meta=declared if self._require_meta else meta))
+        if self._require_meta:  # the declared metas stand: the canonical JSON is the same
+            return Graph(replace(self._spec, nodes=tuple(nodes)), self._json, values)
+        canonical = replace(self._spec, nodes=tuple(nodes))
+        return Graph(canonical, _to_json(canonical), values)
 
 
 def identify(obj: dict[str, Any]) -> WireIdentity:
-    """The canonical text and graph hash `from_wire(obj)` would give, from the schema, the
-    op allowlist and the size limits alone: no op runs, so nothing checks that the ops take
-    their arguments or give their declared metas. For finding a graph validated before
-    (the same canonical text passes the same checks: a service's known graphs); anything
-    new goes through `from_wire`. Raises `WireError` for what fails those checks."""
+    """`obj` named without running it: `compiler.graph_hash` and `compiler.tuning_key` of
+    the result are `from_wire(obj)`'s, but nothing checks yet that its ops take their
+    arguments or give their declared metas. For finding a graph validated before (the same
+    canonical text passes the same checks: a service's known graphs); anything new is
+    checked with `validate()`. Raises `WireError` for what fails the checks it makes."""
     if not isinstance(obj, dict):
         raise WireError(f"a graph is a JSON object, not {type(obj).__name__}")
-    spec, _ = _canonical(obj, limits(), require_meta=True, count_containers=True)
-    text = json.dumps(_to_json(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False)
-    return WireIdentity(canonical_text=text,
-                        graph_hash=hashlib.sha256(text.encode("ascii")).hexdigest(),
-                        op_summary=dict(sorted(Counter(n.op for n in spec.nodes).items())),
-                        num_nodes=len(spec.nodes))
+    return WireIdentity(obj, limits(), require_meta=True, count_containers=True)
 
 
 def _build(doc: Any, wire_limits: WireLimits, require_meta: bool,
            cancel: threading.Event | None = None, count_containers: bool = False) -> Graph:
-    deadline = time.monotonic() + wire_limits.max_validation_ms / 1000
-    canonical, display = _canonical(doc, wire_limits, require_meta, count_containers)
-    values: dict[str, Any] = {}
-    inferred = infer_meta(canonical, display, wire_limits, deadline, cancel, values)
-    nodes = []
-    for node in canonical.nodes:
-        meta = inferred.get(node.name)
-        declared = node.meta
-        if require_meta and not _same_meta(declared, meta):
-            raise WireError(
-                f"meta {json.dumps(_meta_json(declared))[:200]} does not match what {node.op} gives: "
-                f"{json.dumps(_meta_json(meta))[:200]}",
-                display[node.name],
-            )
-        nodes.append(replace(node, meta=declared if require_meta else meta))
-    canonical = replace(canonical, nodes=tuple(nodes))
-    return Graph(canonical, _to_json(canonical), values)
+    return WireIdentity(doc, wire_limits, require_meta, count_containers).validate(cancel)
+
+
+def _canonical_text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
+
+
+def _op_summary(spec: GraphSpec) -> dict[str, int]:
+    return dict(sorted(Counter(n.op for n in spec.nodes).items()))
 
 
 def parse_json(body: str | bytes | bytearray, max_bytes: int | None = None) -> Any:

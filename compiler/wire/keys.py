@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from compiler.wire.graph import Graph, WireError, from_wire
+from compiler.wire.graph import Graph, WireError, WireIdentity, from_wire
 from compiler.wire.schema import brief
 
 # Bump whenever generated code changes: every tuning key changes with it.
@@ -50,12 +50,13 @@ def _triton_version() -> str:
         return "none"
 
 
-def _as_graph(graph: Graph | dict | str | bytes) -> Graph:
-    return graph if isinstance(graph, Graph) else from_wire(graph)
+def _as_graph(graph: Graph | WireIdentity | dict | str | bytes) -> Graph | WireIdentity:
+    return graph if isinstance(graph, Graph | WireIdentity) else from_wire(graph)
 
 
-def graph_hash(graph: Graph | dict | str | bytes) -> str:
-    """sha256 (64 hex digits) of the graph's canonical JSON; wire forms are parsed first."""
+def graph_hash(graph: Graph | WireIdentity | dict | str | bytes) -> str:
+    """sha256 (64 hex digits) of the graph's canonical JSON; wire forms are parsed first
+    (a `WireIdentity` names a graph before it is validated, with the same hash)."""
     return hashlib.sha256(_as_graph(graph).canonical_text().encode("ascii")).hexdigest()
 
 
@@ -152,7 +153,7 @@ class Target:
         return cc[0] * 10 + cc[1] if cc else None
 
 
-def tuning_key(graph: Graph | dict | str | bytes, target: Target) -> str:
+def tuning_key(graph: Graph | WireIdentity | dict | str | bytes, target: Target) -> str:
     """sha256 of (graph hash, arch, device name, torch major.minor, triton, compiler version).
 
     `graph` may also be a graph hash (64 lowercase hex digits).

@@ -165,18 +165,19 @@ def test_a_known_graph_is_answered_without_running_its_ops(client: TestClient, p
     """Validation runs a graph's ops on meta tensors; a graph whose entry has a schedule
     passed it when first stored, so a resubmission (every rank of every job, at its start)
     is answered from its canonical text alone. A new graph is still validated."""
-    import compiler
+    from compiler.wire.graph import WireIdentity
 
-    key = client.post("/v1/graphs", json=wire_body()).json()["key"]
+    known, other = wire_body(), wire_body(target=gpu_target())  # encoding validates too
+    key = client.post("/v1/graphs", json=known).json()["key"]
     _publish(pg_ctx, key)
     ran: list[int] = []
-    real = compiler.from_wire
-    monkeypatch.setattr(compiler, "from_wire", lambda *a, **k: ran.append(1) or real(*a, **k))
-    again = client.post("/v1/graphs", json=wire_body())
+    real = WireIdentity.validate
+    monkeypatch.setattr(WireIdentity, "validate", lambda *a, **k: ran.append(1) or real(*a, **k))
+    again = client.post("/v1/graphs", json=known)
     assert again.status_code == 202 and again.json()["schedule"]["status"] == "heuristic"
     assert not ran
-    other = client.post("/v1/graphs", json=wire_body(target=gpu_target()))  # no schedule yet
-    assert other.status_code == 202 and ran == [1]
+    new = client.post("/v1/graphs", json=other)  # no schedule yet
+    assert new.status_code == 202 and ran == [1]
 
     bad = wire_body("gpt_block.fwd")  # unknown, and a declared meta its op does not give
     node = next(n for n in bad["graph"]["nodes"]

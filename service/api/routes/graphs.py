@@ -98,12 +98,12 @@ async def submit_graph(request: Request, ctx: Ctx, who: Client) -> JSONResponse:
     limit = ctx.settings.body_limit
     async with limiter_of(request).admit(body_weight(request, limit)):
         body = await read_body(request, limit)
-        sub, raw_graph = await run_in_threadpool(read_submission, body)
+        sub, graph = await run_in_threadpool(read_submission, body)
         # A graph with a schedule passed validation when it was first stored, and this one
         # has its canonical text: answer without running its ops again (every rank of every
         # job submits every graph at its start).
         known = await run_in_threadpool(_known, ctx, sub, who.owner)
         if known is None:
-            await run_cancellable(request, validate_graph, raw_graph)
+            await run_cancellable(request, validate_graph, graph)
     status, answer = known or await run_in_threadpool(_record, ctx, sub, who.owner)
     return JSONResponse(answer, status_code=status)
