@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -80,7 +81,12 @@ def dense_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, 
 
 def same_strides(m: TensorMeta, want: tuple[int, ...]) -> bool:
     """`m` has strides `want`, ignoring the strides of size-1 dims."""
-    return all(s == 1 or a == b for s, a, b in zip(m.shape, m.stride, want, strict=False))
+    return strides_match(m.shape, m.stride, want)
+
+
+def strides_match(shape: Sequence[int], have: Sequence[int], want: Sequence[int]) -> bool:
+    """Strides `have` and `want` agree on every dim of `shape` but those of size 1."""
+    return all(s == 1 or a == b for s, a, b in zip(shape, have, want, strict=False))
 
 
 def dense(m: TensorMeta) -> bool:

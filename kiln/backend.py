@@ -25,6 +25,7 @@ import compiler
 from kiln import config as kiln_config
 from kiln import degrade, plans
 from kiln.background import Compiler
+from kiln.cache import PlanCache
 from kiln.client import ServiceError
 from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
 from kiln.gc_pause import gc_paused
@@ -418,10 +419,10 @@ def _resolve_later(entry: CompiledGraph, resolver: Resolver) -> Callable[[], Com
     """A planned backward: built on a thread of its own while the forward builds (CUDA,
     outside KILN_BACKGROUND=1, as `_Ahead`), else on the first backward call; returns what
     that call waits on."""
-    if resolver.config.background or entry.device.type != "cuda":
-        if resolver.config.background:
-            _resolve_planned(entry, resolver)
-            return lambda: entry
+    if resolver.config.background:
+        _resolve_planned(entry, resolver)
+        return lambda: entry
+    if entry.device.type != "cuda":  # the interpreter is not thread-safe
         once = threading.Lock()
         built: list[CompiledGraph] = []
 
@@ -461,7 +462,7 @@ def _publish_plan(plan: Any, resolver: Resolver) -> None:
     thread.start()
 
 
-def _keep_plan(cache: Any, key: str, text: str) -> None:
+def _keep_plan(cache: PlanCache, key: str, text: str) -> None:
     try:
         cache.write(key, text)
     except OSError as exc:

@@ -128,30 +128,31 @@ def _ambient() -> list[Any]:
 
 
 def _inputs(example_inputs: Sequence[Any]) -> list[Any]:
-    from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    described: list[Any] = []
-    storages: dict[Any, int] = {}  # storage -> the first input on it
-    for i, x in enumerate(example_inputs):
+    for x in example_inputs:
         if not isinstance(x, torch.Tensor) or is_traceable_wrapper_subclass(x):
             raise NotPlannable(f"an input of type {type(x).__name__}")
-        sizes = [*x.shape, *x.stride(), x.storage_offset()]
-        if not all(type(s) is int for s in sizes):
+        if not all(type(s) is int for s in (*x.shape, *x.stride(), x.storage_offset())):
             raise NotPlannable("an input with symbolic sizes")
-        first = storages.setdefault(StorageWeakRef(x.untyped_storage()), i)
-        described.append([list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype),
-                          x.device.type, x.requires_grad, x.is_leaf, first])
-    return described
+    return [[list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype), x.device.type,
+             x.requires_grad, x.is_leaf, first]
+            for x, first in zip(example_inputs, _first_on_storage(example_inputs), strict=True)]
 
 
-def shares_storage(example_inputs: Sequence[Any]) -> bool:
-    """Whether two inputs share storage: AOTAutograd then replays a mutation of either
-    (synthetic bases), which a plan does not hold."""
+def _first_on_storage(example_inputs: Sequence[torch.Tensor]) -> list[int]:
+    """For each input, the first input on its storage (itself when none before shares it)."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    storages = [StorageWeakRef(x.untyped_storage()) for x in example_inputs]
-    return len(set(storages)) < len(storages)
+    storages: dict[Any, int] = {}
+    return [storages.setdefault(StorageWeakRef(x.untyped_storage()), i)
+            for i, x in enumerate(example_inputs)]
+
+
+def shares_storage(example_inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether two inputs share storage: AOTAutograd then replays a mutation of either
+    (synthetic bases), which a plan does not hold."""
+    return any(first != i for i, first in enumerate(_first_on_storage(example_inputs)))
 
 
 # ---- recording: AOTAutograd's runtime facts and both graphs -----------------------------
@@ -199,8 +200,7 @@ class Recorder:
         self._publish = publish
         self._shared_storage = shared_storage
         self._lock = threading.Lock()
-        self.kind: str | None = None
-        self.facts: tuple[tuple[int, ...], tuple[bool, ...]] | None = None
+        self.facts: tuple[tuple[int, ...], tuple[bool, ...]] | None = None  # none: no plan
         self.forward: CompiledGraph | None = None
         self.backward: CompiledGraph | None = None
         self._done = False
@@ -211,9 +211,7 @@ class Recorder:
             self.facts = runtime_facts(self._shared_storage)
         except NotPlannable as exc:
             log.debug("kiln: no plan for %s: %s", self.key[:12], exc)
-            self._done = True
             return
-        self.kind = "inference" if entry.kind == "inference" else "training"
         self.forward = entry
 
     def backward_compiling(self, entry: CompiledGraph) -> None:
@@ -235,12 +233,13 @@ class Recorder:
             fw, bw = self.forward, self.backward
             if self._done or self.facts is None or fw is None or fw.graph is None:
                 return
-            if self.kind == "training" and (bw is None or bw.graph is None):
+            training = fw.kind != "inference"
+            if training and (bw is None or bw.graph is None):
                 return
             self._done = True
         try:
-            plan = make_plan(self.key, self.kind or "training", *self.facts, fw.graph,
-                             bw.graph if self.kind == "training" and bw is not None else None)
+            plan = make_plan(self.key, "training" if training else "inference", *self.facts,
+                             fw.graph, bw.graph if training and bw is not None else None)
         except PlanError as exc:
             log.debug("kiln: no plan for %s: %s", self.key[:12], exc)
             return
@@ -254,7 +253,7 @@ def check_against(plan: Plan, gm: torch.fx.GraphModule, example_inputs: Sequence
     require grad is in the key, and AOTAutograd's graphs take detached inputs), the
     same number of outputs with the same shapes and dtypes, and the kind AOTAutograd would
     choose now. Raises `NotPlannable` saying what differs."""
-    from compiler.wire.plan import value_layout
+    from compiler.wire.plan import tensor_layouts
 
     if len(example_inputs) != plan.inputs:
         raise NotPlannable(f"the plan takes {plan.inputs} inputs, the graph {len(example_inputs)}")
@@ -271,10 +270,11 @@ def check_against(plan: Plan, gm: torch.fx.GraphModule, example_inputs: Sequence
         raise NotPlannable(f"the plan returns {len(plan.output_requires_grad)} outputs, the "
                            f"graph {len(returned)}")
     first = len(plan.mutated_inputs)
+    layouts = tensor_layouts(plan.forward)
     for node, ref in zip(returned, plan.forward.outputs[first:], strict=False):
         value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
         if isinstance(value, torch.Tensor) and ref is not None and \
-                value_layout(plan.forward, ref) != (tuple(value.shape), value.dtype):
+                layouts.get(ref.name) != (tuple(value.shape), value.dtype):
             raise NotPlannable(f"output {ref.name} differs from the graph's")
 
 
@@ -320,9 +320,10 @@ class PlanRunner:
 
 
 def _same_layout(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    if tuple(t.shape) != tuple(shape) or t.storage_offset() != 0:
-        return False
-    return all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, shape, strict=True))
+    from compiler.ir import strides_match
+
+    return (tuple(t.shape) == tuple(shape) and t.storage_offset() == 0
+            and strides_match(shape, t.stride(), stride))
 
 
 class _PlanFunction(torch.autograd.Function):

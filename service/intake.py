@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
@@ -17,7 +17,6 @@ from service.errors import ApiError
 from service.store import Submission
 
 T = TypeVar("T")
-_GRAPH_ERRORS = (ValueError, TypeError, KeyError, RecursionError, OverflowError)
 
 log = logging.getLogger(__name__)
 MAX_TAG = 200
@@ -179,10 +178,8 @@ def read_submission(body: bytes) -> tuple[Submission, Any]:
     if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG or not tag.isprintable()):
         raise ApiError(422, "invalid_request",
                        f"'tag' must be a printable string of at most {MAX_TAG} characters")
-    try:
+    with document_errors("graph"):
         graph = identify(raw_graph)
-    except _GRAPH_ERRORS as exc:
-        raise ApiError(422, "invalid_graph", f"invalid graph: {exc}") from None
     try:
         target = compiler.Target.from_json(raw_target)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -204,11 +201,19 @@ def validate_graph(graph: Any, cancel: threading.Event | None = None) -> Any:
     """Run a submission's graph (`read_submission`'s `WireIdentity`) on meta tensors: its
     ops must give the metas it declares. Returns the `compiler.Graph`; ApiError 422 naming
     what is wrong; setting `cancel` stops it (ApiError 400)."""
+    with document_errors("graph"):
+        return graph.validate(cancel)
+
+
+@contextmanager
+def document_errors(what: str) -> Iterator[None]:
+    """What parsing or validating a client's `what` (graph, plan) raises, as the ApiError
+    the client gets: 400 `cancelled` when it went away, else 422 `invalid_<what>`."""
     import compiler
 
     try:
-        return graph.validate(cancel)
+        yield
     except compiler.ValidationCancelled:
         raise ApiError(400, "cancelled", "the client went away; validation stopped") from None
-    except _GRAPH_ERRORS as exc:
-        raise ApiError(422, "invalid_graph", f"invalid graph: {exc}") from None
+    except (ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
+        raise ApiError(422, f"invalid_{what}", f"invalid {what}: {exc}") from None

@@ -152,9 +152,10 @@ def _check_shapes(plan: Plan) -> None:
     returned = len(plan.mutated_inputs) + len(plan.output_requires_grad)
     if any(ref is None for ref in forward.outputs):
         raise PlanError("plan: the forward returns None")
+    layouts = tensor_layouts(forward)
     for i, ref in zip(plan.mutated_inputs, forward.outputs, strict=False):
         spec = forward.inputs[i]
-        if value_layout(forward, ref) != (spec.shape, spec.dtype):
+        if layouts.get(ref.name) != (spec.shape, spec.dtype):
             raise PlanError(f"plan: the new value of input {spec.name} is not of its shape "
                             "and dtype")
     if plan.kind == "inference":
@@ -181,17 +182,14 @@ def _check_shapes(plan: Plan) -> None:
         raise PlanError("plan: a mutated input requires grad")
 
 
-def value_layout(graph: Graph, ref: Any) -> tuple[tuple[int, ...], Any] | None:
-    """Shape and dtype of the tensor `ref` names in `graph` (an input, a node or a
-    constant); None for anything else."""
-    for spec in (*graph.inputs, *graph.constants):
-        if spec.name == ref.name:
-            return tuple(spec.shape), spec.dtype
+def tensor_layouts(graph: Graph) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Shape and dtype of each tensor `graph` names: inputs, constants and nodes."""
+    layouts = {spec.name: (tuple(spec.shape), spec.dtype)
+               for spec in (*graph.inputs, *graph.constants)}
     for node in graph.nodes:
-        if node.name == ref.name:
-            meta = node.meta
-            return (tuple(meta.shape), meta.dtype) if isinstance(meta, TensorMeta) else None
-    return None
+        if isinstance(node.meta, TensorMeta):
+            layouts[node.name] = (tuple(node.meta.shape), node.meta.dtype)
+    return layouts
 
 
 def plan_text(plan: Plan) -> str:

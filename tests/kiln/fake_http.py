@@ -2,10 +2,10 @@
 
 `handler(method, path, body) -> (status, headers, bytes)` decides each answer (status 0:
 close the connection without one); every request is recorded in `requests` as
-(method, path, body, headers). Requests for plans (`/v1/plans/...`, kiln.plans) go to the
-handler only with `plans=True`; otherwise the server answers them as a service that has
-none and stores what it is sent (404 and 201), and records them in `plan_requests`. This
-is not the kiln service: tests that need the real service start it.
+(method, path, body, headers). Requests for plans (`/v1/plans/...`, kiln.plans) never
+reach the handler: the server answers them as a service that has none and stores what it
+is sent (404 and 201). This is not the kiln service: tests that need the real service
+start it.
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ def json_reply(status: int, doc: Any) -> Reply:
 class FakeServer:
     """Serve `handler` on 127.0.0.1 in a daemon thread; use as a context manager."""
 
-    def __init__(self, handler: Handler, port: int = 0, plans: bool = False) -> None:
+    def __init__(self, handler: Handler, port: int = 0) -> None:
         self.handler = handler
-        self.plans = plans
         self.requests: list[tuple[str, str, Any, dict[str, str]]] = []
-        self.plan_requests: list[tuple[str, str]] = []
         outer = self
 
         class _H(BaseHTTPRequestHandler):
@@ -47,8 +45,7 @@ class FakeServer:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw
-                if not outer.plans and self.path.startswith("/v1/plans/"):
-                    outer.plan_requests.append((method, self.path))
+                if self.path.startswith("/v1/plans/"):
                     status, headers, data = _no_plans(method)
                 else:
                     outer.requests.append((method, self.path, body, dict(self.headers)))
@@ -145,7 +142,6 @@ class TricklingServer:
         self._stop.set()
         self._thread.join(timeout=5)
         self._sock.close()
-
 
 
 def _no_plans(method: str) -> Reply:

@@ -19,7 +19,7 @@ from service.api.deps import Client, Ctx
 from service.api.routes.schedules import KEY_RE
 from service.context import ServiceContext
 from service.errors import ApiError
-from service.intake import body_weight, limiter_of, read_body, run_cancellable
+from service.intake import body_weight, document_errors, limiter_of, read_body, run_cancellable
 from service.metrics import PLAN_LOOKUPS, PLAN_STORES
 
 router = APIRouter(prefix="/v1", tags=["plans"])
@@ -53,17 +53,13 @@ def _check_key(key: str) -> None:
 
 def _parse(body: bytes, cancel: threading.Event) -> tuple[str, str, str]:
     """A plan body's (key, kind, canonical text); ApiError 422 naming what is wrong."""
-    import compiler
     from compiler.wire.plan import PlanError, parse_plan, plan_text
 
-    try:
-        plan = parse_plan(body, cancel=cancel)
-    except compiler.ValidationCancelled:
-        raise ApiError(400, "cancelled", "the client went away; validation stopped") from None
-    except PlanError as exc:  # its message already says "plan: ..."
-        raise ApiError(422, "invalid_plan", str(exc)) from None
-    except (ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
-        raise ApiError(422, "invalid_plan", f"invalid plan: {exc}") from None
+    with document_errors("plan"):
+        try:
+            plan = parse_plan(body, cancel=cancel)
+        except PlanError as exc:  # its message already says "plan: ..."
+            raise ApiError(422, "invalid_plan", str(exc)) from None
     return plan.key, plan.kind, plan_text(plan)
 
 
