@@ -34,6 +34,23 @@ def pg_ctx(pg_settings: Any) -> Iterator[Any]:
     ctx.close()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_ctx(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """A ServiceContext on a migrated SQLite file, then on PostgreSQL (`pg_ctx`)."""
+    if request.param == "postgresql":
+        yield request.getfixturevalue("pg_ctx")
+        return
+    from service.context import ServiceContext
+    from service.migrate import upgrade
+    from service.settings import Settings
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    upgrade(url)
+    ctx = ServiceContext(Settings(database_url=url, admin_token="admin-secret"))
+    yield ctx
+    ctx.close()
+
+
 @pytest.fixture
 def client(pg_ctx: Any) -> Iterator[Any]:
     """The app on `pg_ctx`, in-process (fastapi TestClient)."""

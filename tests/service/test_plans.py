@@ -24,7 +24,6 @@ from service.api.openapi import PlanStored
 from service.auth import create_token
 from service.context import ServiceContext
 from service.migrate import alembic_config, upgrade
-from service.settings import Settings
 
 pytestmark = pytest.mark.services
 
@@ -47,19 +46,6 @@ def plan_doc(key: str = KEY, scale: float = 2.0) -> dict[str, Any]:
 
 def canonical(doc: dict[str, Any]) -> str:
     return plan_text(parse_plan(doc))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def any_ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServiceContext]:
-    """A ServiceContext on a migrated SQLite file or PostgreSQL database."""
-    if request.param == "postgresql":
-        yield request.getfixturevalue("pg_ctx")
-        return
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    upgrade(url)
-    ctx = ServiceContext(Settings(database_url=url, admin_token="admin-secret"))
-    yield ctx
-    ctx.close()
 
 
 @pytest.fixture

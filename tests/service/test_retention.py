@@ -66,20 +66,6 @@ def _seed(ctx: ServiceContext) -> str:
         return job.key
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def any_ctx(request: pytest.FixtureRequest, tmp_path: Path):
-    if request.param == "postgresql":
-        yield request.getfixturevalue("pg_ctx")
-        return
-    from service.migrate import upgrade
-
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    upgrade(url)
-    ctx = ServiceContext(Settings(database_url=url))
-    yield ctx
-    ctx.close()
-
-
 def test_prune_deletes_only_what_the_policy_lets_go(any_ctx: ServiceContext) -> None:
     ctx = any_ctx
     key = _seed(ctx)
