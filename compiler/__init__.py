@@ -12,6 +12,7 @@ from compiler.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from compiler.lowering.decomposition_table import decompositions as decompositions
+    from compiler.lowering.frontend import lower_graph as lower_graph
     from compiler.runtime.built import Built as Built
     from compiler.runtime.built import build as build
     from compiler.runtime.execution import runs_on_cpu as runs_on_cpu
@@ -44,6 +45,7 @@ _PUBLIC = {
     "tuning_key": "compiler.wire.keys",
     "COMPILER_VERSION": "compiler.wire.keys",
     "decompositions": "compiler.lowering.decomposition_table",
+    "lower_graph": "compiler.lowering.frontend",
     "random_inputs": "compiler.wire.inputs",
     # schedules (compiler/scheduling/), build and runtime (compiler/runtime/)
     "Schedule": "compiler.scheduling.schedule",

@@ -13,6 +13,7 @@ import atexit
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -131,6 +132,27 @@ def _start_compile_workers(expect_binaries: bool) -> None:
         _preparing = threading.Thread(target=_prepare, args=(not expect_binaries,),
                                       name="kiln-prepare", daemon=True)
     _preparing.start()
+
+
+def _hash_triton_early() -> None:
+    """When the backend is looked up (`torch.compile(..., backend="kiln")` imports this
+    module), start computing Triton's hash of itself on a thread of its own: the first
+    kernel load needs it (0.5-1 s of hashing, most of it outside the GIL) and the model's
+    first step is usually seconds away. Nothing here touches the device: which one this
+    process uses may not be set yet (`_prepare` makes the driver at the first compile)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return
+    from compiler.runtime import compile_pool
+
+    def run() -> None:
+        start = time.perf_counter()
+        try:
+            compile_pool.hash_triton()
+        except Exception as exc:  # noqa: BLE001 - the first kernel load hashes it instead
+            log.debug("kiln: hashing Triton failed: %s: %s", type(exc).__name__, exc)
+        degrade.add_seconds("prepare", time.perf_counter() - start)
+
+    threading.Thread(target=run, name="kiln-hash", daemon=True).start()
 
 
 def _prepare(start_workers: bool) -> None:
@@ -752,3 +774,6 @@ def shutdown() -> None:
         _aheads.clear()
     for thread in threads:
         thread.stop()
+
+
+_hash_triton_early()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -197,10 +198,7 @@ class Resolver:
                     return None
         answer = None
         if self.client is not None:
-            if self.config.mode == "wait":
-                answer = self._wait(entry)
-            else:
-                answer = self._ask(self.quick_client, entry)
+            answer = self._exchange_while_lowering(entry)
             if answer is not None and answer.schedule is not None:
                 level = "tuned" if answer.status == "tuned" else "heuristic"
                 self.build_from(entry, answer.schedule, level, "service")
@@ -209,6 +207,37 @@ class Resolver:
         if entry.level == "eager":
             self.build_local(entry)
         return answer
+
+    def _exchange_while_lowering(self, entry: CompiledGraph) -> Answer | None:
+        """The service exchange (`_wait` or `_ask`, by mode) on a thread of its own while
+        this thread lowers the graph: whatever schedule comes, its build starts from that
+        lowering (`compiler.lower_graph` keeps it), and the exchange mostly waits on the
+        network. A graph that does not lower is left for the build to report."""
+        done: list[Answer | None] = []
+        failed: list[BaseException] = []
+
+        def exchange() -> None:
+            try:
+                if self.config.mode == "wait":
+                    done.append(self._wait(entry))
+                else:
+                    done.append(self._ask(self.quick_client, entry))
+            except BaseException as exc:  # noqa: BLE001 - raised again on this thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=exchange, name="kiln-exchange", daemon=True)
+        thread.start()
+        start = time.perf_counter()
+        try:
+            compiler.lower_graph(entry.graph)
+        except Exception:  # noqa: BLE001 - the build raises it again, and reports it
+            log.debug("kiln: lowering %s ahead of its schedule failed", entry.key[:12],
+                      exc_info=True)
+        degrade.add_seconds("lower", time.perf_counter() - start)
+        thread.join()
+        if failed:
+            raise failed[0]
+        return done[0]
 
     def _ask(self, client: ServiceClient | None, entry: CompiledGraph,
              state: PollState | None = None) -> Answer | None:

@@ -8,8 +8,10 @@ import time
 
 import pytest
 
+import compiler
 import kiln
 from kiln import degrade
+from tests.kiln.fake_http import FakeServer, json_reply
 from tests.kiln.helpers import train_mlp
 
 pytestmark = pytest.mark.usefixtures("kiln_state")
@@ -47,3 +49,28 @@ def test_training_locally_times_each_graph_inside_its_aot_trace() -> None:
     forward_wire = next(s for s in steps if s["step"] == "wire")
     assert aot["start"] <= forward_wire["start"]
     assert forward_wire["start"] + forward_wire["seconds"] <= aot["start"] + aot["seconds"] + 1e-3
+
+
+def test_a_graph_is_lowered_while_the_service_is_asked_for_its_schedule() -> None:
+    """The exchange waits on the network; lowering, which every schedule's build starts
+    from, runs meanwhile on the graph's own thread."""
+    answered: list[float] = []
+
+    def slow_failed(method, path, body):
+        time.sleep(0.4)
+        key = compiler.tuning_key(compiler.from_wire(body["graph"]),
+                                  compiler.Target.from_json(body["target"]))
+        answered.append(degrade.clock())
+        return json_reply(202, {"key": key, "status": "failed", "job_id": 3, "schedule": None})
+
+    with FakeServer(slow_failed) as srv:
+        kiln.configure(url=srv.url, poll_interval=0.05)
+        degrade.reset()
+        with pytest.warns(kiln.KilnWarning):  # "rejected": then built here
+            train_mlp(steps=1)
+    lowered = [s for s in kiln.timeline() if s["step"] == "lower"]
+    assert len(lowered) == 2 and len(answered) == 2  # forward, backward
+    for step, done in zip(lowered, answered, strict=True):
+        assert step["thread"] == threading.current_thread().name  # CPU: no backward thread
+        assert step["start"] + step["seconds"] < done  # over before the answer came
+    assert kiln.stats()["schedules_local"] == 2
