@@ -142,6 +142,8 @@ def _hash_triton_early() -> None:
     process uses may not be set yet (`_prepare` makes the driver at the first compile)."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return
+    import triton.runtime.cache  # noqa: F401 - on this thread: an import on two threads at once can hand one a half-made module
+
     from compiler.runtime import compile_pool
 
     def run() -> None:
