@@ -81,7 +81,7 @@ def _fetched_binaries() -> int:
 
 
 PROFILE_ENV = "BENCH_PROFILE_FIRST_STEP"  # set (e.g. in a --hit-variants entry): see below
-PROFILE_ROWS = 45
+PROFILE_ROWS = 70
 
 
 @contextmanager
@@ -89,7 +89,7 @@ def _first_step_profile() -> Iterator[dict[str, Any]]:
     """Where the first step's time goes, into the record: dynamo's phase timers
     (`torch._dynamo.utils.compile_times`: tracing, AOTAutograd, the backend) always; with
     BENCH_PROFILE_FIRST_STEP=1 also the top of a cProfile of the measuring thread by
-    cumulative time (other threads' work shows as waits; the profile slows the step)."""
+    cumulative time and by own time (other threads' work shows as waits; the profile slows the step)."""
     from torch._dynamo.utils import compile_times
 
     found: dict[str, Any] = {}
@@ -108,7 +108,9 @@ def _first_step_profile() -> Iterator[dict[str, Any]]:
 
             profiler.disable()
             text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(PROFILE_ROWS)
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats("cumulative").print_stats(PROFILE_ROWS)
+            stats.sort_stats("tottime").print_stats(PROFILE_ROWS)
             found["first_step_profile"] = text.getvalue()
         found["dynamo_compile_times"] = compile_times(repr="str", aggregate=True)
 
