@@ -134,15 +134,20 @@ def _start_compile_workers(expect_binaries: bool) -> None:
     _preparing.start()
 
 
-def _hash_triton_early() -> None:
+def _warm_up_early() -> None:
     """When the backend is looked up (`torch.compile(..., backend="kiln")` imports this
-    module), start computing Triton's hash of itself on a thread of its own: the first
-    kernel load needs it (0.5-1 s of hashing, most of it outside the GIL) and the model's
-    first step is usually seconds away. Nothing here touches the device: which one this
-    process uses may not be set yet (`_prepare` makes the driver at the first compile)."""
+    module), start on a thread of its own the one-time work of a first compile that touches
+    no device: Triton's hash of itself (0.5-1 s, most of it outside the GIL), which the
+    first kernel load needs, and kiln's decomposition table (0.1-0.2 s), which AOTAutograd
+    or a plan's lowering needs. The model's first step is usually seconds away. The device
+    is left alone: which one this process uses may not be set yet (`_prepare` makes the
+    driver at the first compile)."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return
-    import triton.runtime.cache  # noqa: F401 - on this thread: an import on two threads at once can hand one a half-made module
+    # Imported on this thread: an import on two threads at once can hand one a half-made module.
+    import triton.runtime.cache  # noqa: F401
+    from torch import _decomp  # noqa: F401
+    from torch.export import decomp_utils  # noqa: F401
 
     from compiler.runtime import compile_pool
 
@@ -150,11 +155,12 @@ def _hash_triton_early() -> None:
         start = time.perf_counter()
         try:
             compile_pool.hash_triton()
-        except Exception as exc:  # noqa: BLE001 - the first kernel load hashes it instead
-            log.debug("kiln: hashing Triton failed: %s: %s", type(exc).__name__, exc)
+            compiler.decompositions()
+        except Exception as exc:  # noqa: BLE001 - the first compile pays for it instead
+            log.debug("kiln: early warm-up failed: %s: %s", type(exc).__name__, exc)
         degrade.add_seconds("prepare", time.perf_counter() - start)
 
-    threading.Thread(target=run, name="kiln-hash", daemon=True).start()
+    threading.Thread(target=run, name="kiln-warm-up", daemon=True).start()
 
 
 def _prepare(start_workers: bool) -> None:
@@ -778,4 +784,4 @@ def shutdown() -> None:
         thread.stop()
 
 
-_hash_triton_early()
+_warm_up_early()

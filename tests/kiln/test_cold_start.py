@@ -213,3 +213,22 @@ def test_a_backward_whose_build_failed_ahead_is_not_built_again(monkeypatch, kil
     assert stats["backwards_ahead"] == 1 and stats["eager"] == 1 and stats["builds"] == 1
     assert {g.kind: g.level for g in backend.compiled_graphs()} == {
         "forward": "heuristic", "backward": "eager"}
+
+
+def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> None:
+    """On a GPU machine, `kiln.backend`'s import starts Triton's hash of itself and the
+    decomposition table on a thread, before the model's first step needs them."""
+    from triton.runtime.cache import triton_key
+
+    from compiler.lowering import decomposition_table
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    triton_key.cache_clear()
+    decomposition_table._table.cache_clear()
+    backend._warm_up_early()
+    for thread in threading.enumerate():
+        if thread.name == "kiln-warm-up":
+            thread.join(60)
+    assert triton_key.cache_info().currsize == 1
+    assert decomposition_table._table.cache_info().currsize == 1
