@@ -74,3 +74,16 @@ def test_a_graph_is_lowered_while_the_service_is_asked_for_its_schedule() -> Non
         assert step["thread"] == threading.current_thread().name  # CPU: no backward thread
         assert step["start"] + step["seconds"] < done  # over before the answer came
     assert kiln.stats()["schedules_local"] == 2
+
+
+def test_each_builds_first_call_is_a_timeline_step_and_later_calls_are_not() -> None:
+    kiln.configure(url=None)
+    degrade.reset()
+    train_mlp(steps=3)
+    steps = kiln.timeline()
+    first_calls = [s for s in steps if s["step"] == "first_call"]
+    assert len(first_calls) == 2  # forward, backward: once each over three steps
+    builds = [s for s in steps if s["step"] == "build"]
+    assert all(c["start"] >= b["start"] + b["seconds"] - 1e-3 for c, b in zip(first_calls, builds, strict=True))
+    assert kiln.stats()["seconds:first_call"] == pytest.approx(sum(c["seconds"] for c in first_calls),
+                                                              abs=1e-3)
