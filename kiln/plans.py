@@ -8,7 +8,8 @@ format and what the runtime needs to run them.
 
 - `plan_key`: a dynamo graph's key, from its ops (torch functions by qualified name, Tensor
   methods by name), their arguments, its inputs' metadata (which share storage included)
-  and the ambient state AOTAutograd traces under (grad mode, autocast). A graph that cannot
+  and the ambient state AOTAutograd traces under (grad mode, autocast, which attention
+  kernels scaled_dot_product_attention may use). A graph that cannot
   be named exactly (a submodule call, a constant attribute, an object argument, a tensor
   subclass) has no key and goes through AOTAutograd as always.
 - `Recorder`: while AOTAutograd compiles a keyed graph, collects its runtime facts (from
@@ -124,7 +125,23 @@ def _ambient() -> list[Any]:
                 for d in ("cuda", "cpu")]
     return [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast,
             torch.are_deterministic_algorithms_enabled(),
-            bool(torch._functorch.config.functionalize_rng_ops)]
+            bool(torch._functorch.config.functionalize_rng_ops), _attention_backends()]
+
+
+# torch's settings of scaled_dot_product_attention (`torch.backends.cuda.enable_*_sdp`,
+# `torch.nn.attention.sdpa_kernel`), read through the getters this torch build has.
+_SDPA_GETTERS = ("_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled",
+                 "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled", "_get_fa3_sdp_enabled",
+                 "_get_overrideable_sdp_enabled", "_get_math_sdp_allow_fp16_bf16_reduction",
+                 "_get_sdp_priority_order")
+
+
+def _attention_backends() -> list[Any]:
+    """Which attention kernels scaled_dot_product_attention may pick, and in which order.
+    AOTAutograd's graph holds the one it picked (flash, memory-efficient, cuDNN) or the math
+    decomposition: a plan traced under other settings would override the user's."""
+    return [[name, getattr(torch._C, name)()] for name in _SDPA_GETTERS
+            if hasattr(torch._C, name)]
 
 
 def _inputs(example_inputs: Sequence[Any]) -> list[Any]:

@@ -28,6 +28,19 @@ class ReturnsAView(nn.Module):
         return self.fc(x), x.view(-1)  # an output aliasing an input: AOTAutograd's runtime
 
 
+class Attention(nn.Module):
+    """One causal self-attention head over a (batch, sequence, 8) input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.sum(-1), out.mean()
+
+
 def _plan_files(kiln_state: dict) -> list:
     return list(PlanCache(kiln_state["cache_dir"] / "plans").scan())
 
@@ -147,6 +160,29 @@ def test_the_plan_key_follows_the_graph_its_inputs_and_grad_mode():
         assert plans.plan_key(gm, inputs) != key
     frozen = copy.deepcopy(model).requires_grad_(False)
     assert plans.plan_key(*_dynamo_graph(frozen, torch.randn(2, 3, 10, 10))) != key
+
+
+def test_a_plan_follows_the_attention_kernels_torch_may_use(kiln_state):
+    """AOTAutograd's graph holds the attention kernel torch picked (flash here) or the math
+    decomposition: a plan recorded with flash attention must not run where it is disabled."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = Attention(), torch.randn(2, 6, 8)
+    want = step_outputs(copy.deepcopy(model), x, compiled=False)
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
+    assert len(_plan_files(kiln_state)) == 1
+
+    fresh_process()
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = step_outputs(copy.deepcopy(model), x, compiled=False)
+        assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
+        ops = {str(n.target) for g in backend.compiled_graphs() for n in g.gm.graph.nodes}
+    stats = kiln.stats()
+    assert "plans_used" not in stats and stats["seconds:aot"] > 0  # traced again, for math
+    assert not any("flash" in op for op in ops)
+    assert len(_plan_files(kiln_state)) == 2
 
 
 def test_a_graph_calling_an_unnamed_function_has_no_key():
