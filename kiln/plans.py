@@ -29,7 +29,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -174,9 +174,23 @@ def shares_storage(example_inputs: Sequence[torch.Tensor]) -> bool:
 
 # ---- recording: AOTAutograd's runtime facts and both graphs -----------------------------
 
-def runtime_facts(shared_storage: bool = False) -> tuple[tuple[int, ...], tuple[bool, ...]]:
-    """The mutated inputs (their new values lead the forward's outputs) and each user
-    output's requires_grad, from the metadata AOTAutograd keeps while it compiles (read
+# Outputs a plan returns as the graph does: a value of its own, or a view of a value the
+# graph computed that AOTAutograd's runtime hands out as a tensor of its own.
+_PLAIN_OUTPUTS = ("non_alias", "unsafe_view_alias")
+
+
+class Facts(NamedTuple):
+    """What AOTAutograd's runtime knows of a graph beyond its aten graphs."""
+
+    mutated_inputs: tuple[int, ...]
+    output_requires_grad: tuple[bool, ...]
+    unsafe_views: tuple[int, ...]
+
+
+def runtime_facts(shared_storage: bool = False) -> Facts:
+    """The mutated inputs (their new values lead the forward's outputs), each user
+    output's requires_grad and the outputs AOTAutograd hands out through `_unsafe_view`,
+    from the metadata AOTAutograd keeps while it compiles (read
     in its forward or inference compiler); raises `NotPlannable` for any graph beyond the
     plain shape plans hold (`shared_storage`: inputs share storage, and then none may be
     mutated)."""
@@ -197,14 +211,16 @@ def runtime_facts(shared_storage: bool = False) -> tuple[tuple[int, ...], tuple[
                 or (info.mutates_data and (info.requires_grad or shared_storage)):
             raise NotPlannable("an input mutation AOTAutograd's runtime replays")
     for out in meta.output_info:
-        if out.output_type.name != "non_alias" or not (
+        if out.output_type.name not in _PLAIN_OUTPUTS or not (
                 isinstance(out.raw_type, type) and issubclass(out.raw_type, torch.Tensor)):
             raise NotPlannable(f"an output of kind {out.output_type.name}")
     for sub in (*meta.subclass_inp_meta, *meta.subclass_fw_graph_out_meta):
         if not isinstance(sub, int) and type(sub).__name__ != "PlainTensorMeta":
             raise NotPlannable("a tensor subclass")
     mutated = tuple(int(i) for i in meta.mutated_inp_runtime_indices)
-    return mutated, tuple(bool(out.requires_grad) for out in meta.output_info)
+    views = tuple(i for i, out in enumerate(meta.output_info)
+                  if out.output_type.name == "unsafe_view_alias")
+    return Facts(mutated, tuple(bool(out.requires_grad) for out in meta.output_info), views)
 
 
 class Recorder:
@@ -217,7 +233,7 @@ class Recorder:
         self._publish = publish
         self._shared_storage = shared_storage
         self._lock = threading.Lock()
-        self.facts: tuple[tuple[int, ...], tuple[bool, ...]] | None = None  # none: no plan
+        self.facts: Facts | None = None  # none: no plan
         self.forward: CompiledGraph | None = None
         self.backward: CompiledGraph | None = None
         self._done = False
@@ -255,8 +271,11 @@ class Recorder:
                 return
             self._done = True
         try:
-            plan = make_plan(self.key, "training" if training else "inference", *self.facts,
-                             fw.graph, bw.graph if training and bw is not None else None)
+            facts = self.facts
+            plan = make_plan(self.key, "training" if training else "inference",
+                             facts.mutated_inputs, facts.output_requires_grad, fw.graph,
+                             bw.graph if training and bw is not None else None,
+                             unsafe_views=facts.unsafe_views)
         except PlanError as exc:
             log.debug("kiln: no plan for %s: %s", self.key[:12], exc)
             return
@@ -302,6 +321,7 @@ class PlanRunner:
                  backward: Callable[[], CompiledGraph] | None) -> None:
         self.mutated = plan.mutated_inputs
         self.requires_grad = plan.output_requires_grad
+        self.unsafe_views = plan.unsafe_views
         self.tangents = plan.tangents
         # How the backward's graph takes each gradient: shape, strides, dtype.
         self.tangent_layouts = [] if plan.backward is None else [
@@ -322,7 +342,10 @@ class PlanRunner:
         with torch.no_grad():
             for i, value in zip(self.mutated, outs[:first], strict=True):
                 inputs[i].copy_(value)
-        return tuple(outs[first:first + user]), list(outs[first + user:])
+        returned = list(outs[first:first + user])
+        for i in self.unsafe_views:  # a view of a computed value, handed out on its own
+            returned[i] = torch.ops.aten._unsafe_view(returned[i], returned[i].shape)
+        return tuple(returned), list(outs[first + user:])
 
     def gradients(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The output gradients the backward takes, laid out as its graph was traced."""

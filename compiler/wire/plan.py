@@ -7,8 +7,10 @@ the few facts AOTAutograd's runtime needs to run them (kiln/plans.py runs them):
 - `inputs`: how many inputs the dynamo graph takes (the forward's inputs, in order);
 - `mutated_inputs`: inputs the graph mutates; the forward's first outputs are their new
   values, which the runtime copies into them;
-- `outputs`: one entry per user output (`requires_grad`), after those values; in a
-  training plan the forward's remaining outputs are saved for the backward;
+- `outputs`: one entry per user output (`requires_grad`; `unsafe_view`, present and true
+  for an output the graph returns as a view of a value it computed, which the runtime hands
+  out as a tensor of its own, `aten._unsafe_view`, as AOTAutograd does), after those values;
+  in a training plan the forward's remaining outputs are saved for the backward;
 - `backward` (training only) takes the saved values, then one gradient per output that
   requires grad, and returns one gradient (or null) per input.
 
@@ -34,6 +36,7 @@ FORMAT = "kiln.plan/1"
 KINDS = ("training", "inference")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _FIELDS = {"format", "key", "kind", "inputs", "mutated_inputs", "outputs", "forward", "backward"}
+_OUTPUT_FIELDS = {"requires_grad", "unsafe_view"}
 
 
 class PlanError(ValueError):
@@ -51,6 +54,7 @@ class Plan:
     output_requires_grad: tuple[bool, ...]
     forward: Graph
     backward: Graph | None
+    unsafe_views: tuple[int, ...] = ()  # user outputs handed out as tensors of their own
 
     @property
     def saved(self) -> int:
@@ -65,7 +69,9 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "key": self.key, "kind": self.kind, "inputs": self.inputs,
                 "mutated_inputs": list(self.mutated_inputs),
-                "outputs": [{"requires_grad": rg} for rg in self.output_requires_grad],
+                "outputs": [{"requires_grad": rg, **({"unsafe_view": True}
+                                                      if i in self.unsafe_views else {})}
+                            for i, rg in enumerate(self.output_requires_grad)],
                 "forward": self.forward.to_json(),
                 "backward": self.backward.to_json() if self.backward is not None else None}
 
@@ -104,25 +110,28 @@ def parse_plan(obj: dict[str, Any] | str | bytes | bytearray, *,
         raise PlanError("plan: mutated_inputs must be sorted, distinct input positions")
     outputs = obj.get("outputs")
     if not isinstance(outputs, list) or not all(
-            isinstance(o, dict) and set(o) == {"requires_grad"} and type(o["requires_grad"]) is bool
+            isinstance(o, dict) and "requires_grad" in o and set(o) <= _OUTPUT_FIELDS
+            and type(o["requires_grad"]) is bool and o.get("unsafe_view", True) is True
             for o in outputs):
-        raise PlanError('plan: outputs must be a list of {"requires_grad": bool}')
+        raise PlanError('plan: outputs must be a list of {"requires_grad": bool} '
+                        '(with "unsafe_view": true where it applies)')
     backward = obj.get("backward")
     return make_plan(key, kind, tuple(mutated), tuple(o["requires_grad"] for o in outputs),
                      _graph(obj.get("forward"), "forward", cancel),
                      _graph(backward, "backward", cancel) if backward is not None else None,
-                     inputs=inputs)
+                     inputs=inputs,
+                     unsafe_views=tuple(i for i, o in enumerate(outputs) if "unsafe_view" in o))
 
 
 def make_plan(key: str, kind: str, mutated_inputs: tuple[int, ...],
               output_requires_grad: tuple[bool, ...], forward: Graph, backward: Graph | None,
-              inputs: int | None = None) -> Plan:
+              inputs: int | None = None, unsafe_views: tuple[int, ...] = ()) -> Plan:
     """A plan of graphs already checked (`from_wire`), checked as `parse_plan` checks one;
     `inputs` defaults to the forward's."""
     plan = Plan(key=key, kind=kind,
                 inputs=len(forward.inputs) if inputs is None else inputs,
                 mutated_inputs=mutated_inputs, output_requires_grad=output_requires_grad,
-                forward=forward, backward=backward)
+                forward=forward, backward=backward, unsafe_views=unsafe_views)
     _check_shapes(plan)
     return plan
 
@@ -150,6 +159,8 @@ def _check_shapes(plan: Plan) -> None:
     if len(forward.inputs) != plan.inputs:
         raise PlanError(f"plan: the forward takes {len(forward.inputs)} inputs, not {plan.inputs}")
     returned = len(plan.mutated_inputs) + len(plan.output_requires_grad)
+    if any(not 0 <= i < len(plan.output_requires_grad) for i in plan.unsafe_views):
+        raise PlanError("plan: an unsafe view names no output")
     if any(ref is None for ref in forward.outputs):
         raise PlanError("plan: the forward returns None")
     layouts = tensor_layouts(forward)

@@ -28,6 +28,16 @@ class ReturnsAView(nn.Module):
         return self.fc(x), x.view(-1)  # an output aliasing an input: AOTAutograd's runtime
 
 
+class ReturnsAComputedView(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x).relu()
+        return y.flatten(1), y.sum()  # a view of a value the graph computed, and a new value
+
+
 class Attention(nn.Module):
     """One causal self-attention head over a (batch, sequence, 8) input."""
 
@@ -100,6 +110,34 @@ def _recorded(kiln_state: dict) -> tuple[nn.Module, torch.Tensor, dict, Any]:
     step_outputs(copy.deepcopy(model), x, compiled=True)
     (entry,) = _plan_files(kiln_state)
     return model, x, want, entry
+
+
+def test_an_output_viewing_a_computed_value_is_planned_and_handed_out_on_its_own(kiln_state):
+    """AOTAutograd hands such an output out through `aten._unsafe_view` (a tensor of its
+    own, so that changing it in place later is no view's business); a plan does the same."""
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    model, x = ReturnsAComputedView(), torch.randn(2, 3, 4)
+    want = step_outputs(copy.deepcopy(model), x, compiled=False)
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
+    (entry,) = _plan_files(kiln_state)
+    doc = json.loads(entry.path.read_text())
+    assert doc["outputs"] == [{"requires_grad": True, "unsafe_view": True}, {"requires_grad": True}]
+
+    fresh_process()
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
+    assert kiln.stats()["plans_used"] == 1
+    out, _ = torch.compile(copy.deepcopy(model), backend=backend.remote_compile)(x)
+    assert out._base is None
+    out.mul_(2).sum().backward()  # in place on the output, then through the plan's backward
+
+    fresh_process()  # an inference plan: no autograd.Function stands between
+    with torch.no_grad():
+        compiled = torch.compile(copy.deepcopy(model), backend=backend.remote_compile)
+        assert compiled(x)[0]._base is None  # recorded
+        fresh_process()
+        compiled = torch.compile(copy.deepcopy(model), backend=backend.remote_compile)
+        assert compiled(x)[0]._base is None and kiln.stats()["plans_used"] == 1  # planned
 
 
 def test_a_plan_that_does_not_fit_the_graph_is_refused_and_aotautograd_runs(kiln_state):
@@ -218,6 +256,8 @@ def test_parse_plan_refuses_what_does_not_fit_its_graphs(kiln_state):
     assert "unknown fields" in broken(lambda d: d.update(extra=1))
     assert "inputs" in broken(lambda d: d.update(inputs=d["inputs"] + 1))
     assert "mutated_inputs" in broken(lambda d: d.update(mutated_inputs=[2, 1]))
+    assert "outputs" in broken(lambda d: d["outputs"][0].update(unsafe_view=False))
+    assert "outputs" in broken(lambda d: d["outputs"][0].update(view=True))
 
 
 def test_inputs_sharing_storage_are_planned_unless_one_is_mutated(kiln_state):
