@@ -261,6 +261,7 @@ def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
 
     table = decompositions()
     table.update(_KILN_DECOMPS)
+    recorded: dict[object, fx.GraphModule | None] = {}  # a model's repeated layers: once each
     for _ in range(4):  # a decomposition may produce ops that decompose further
         changed = False
         for node in list(gm.graph.nodes):
@@ -268,35 +269,30 @@ def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
                 continue
             if _lowered_natively(node) or base_name(node) in ops.NEVER_LOWER:
                 continue
-            changed |= _splice_decomposition(gm, node, table, origins)
+            changed |= _splice_decomposition(gm, node, table, origins, recorded)
         if not changed:
             break
 
 
 def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
-                          origins: dict[str, str]) -> bool:
+                          origins: dict[str, str],
+                          recorded: dict[object, fx.GraphModule | None]) -> bool:
+    """Replace `node` by the graph its decomposition records. `recorded` keeps each
+    recording by op, argument metadata and other arguments: the same op on the same
+    metadata records the same graph (a constant-free one is spliced again as it is)."""
     flat, spec = tree_flatten((node.args, node.kwargs))
     positions = [i for i, a in enumerate(flat) if isinstance(a, fx.Node)]
-    metas = []
-    for i in positions:
-        m = flat[i].meta.get("kiln_meta")
-        if not isinstance(m, TensorMeta):
-            return False
-        metas.append(_meta_tensor(m))
-    decomp = table[node.target]
-
-    def fn(*tensors: torch.Tensor) -> object:
-        values = list(flat)
-        for i, t in zip(positions, tensors, strict=False):
-            values[i] = t
-        args, kwargs = tree_unflatten(values, spec)
-        return decomp(*args, **kwargs)
-
-    try:
-        sub = record(fn, metas, table)
-    except Exception as exc:  # leave it whole: it becomes an ATen call
-        log.debug("cannot decompose %s: %s", node.name, exc)
+    metas = [flat[i].meta.get("kiln_meta") for i in positions]
+    if not all(isinstance(m, TensorMeta) for m in metas):
         return False
+    key = _recording_key(node, flat, positions, metas, spec)
+    sub = recorded.get(key) if key is not None else None
+    if sub is None:
+        sub = _record_decomposition(node, flat, positions, metas, spec, table)
+        if sub is None:
+            return False
+        if key is not None and not any(n.op == "get_attr" for n in sub.graph.nodes):
+            recorded[key] = sub
     env: dict[fx.Node, fx.Node] = {}
     sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
     for sub_node, i in zip(sub_inputs, positions, strict=False):
@@ -322,6 +318,41 @@ def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
         node.replace_all_uses_with(out)
     gm.graph.erase_node(node)
     return True
+
+
+def _recording_key(node: fx.Node, flat: list, positions: list[int], metas: list,
+                   spec: object) -> object | None:
+    """What a decomposition's recording follows from; None when an argument is not a
+    plain value (it is recorded afresh)."""
+    values: list[object] = [(type(v).__name__, v) for v in flat]  # 1, 1.0 and True differ
+    for i, m in zip(positions, metas, strict=True):
+        values[i] = m
+    key = (node.target, str(spec), tuple(values))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _record_decomposition(node: fx.Node, flat: list, positions: list[int], metas: list,
+                          spec: object, table: dict) -> fx.GraphModule | None:
+    """The graph `node`'s decomposition runs on meta tensors of its arguments' metadata;
+    None when it cannot be recorded (the node then stays whole, an ATen call)."""
+    decomp = table[node.target]
+
+    def fn(*tensors: torch.Tensor) -> object:
+        values = list(flat)
+        for i, t in zip(positions, tensors, strict=False):
+            values[i] = t
+        args, kwargs = tree_unflatten(values, spec)
+        return decomp(*args, **kwargs)
+
+    try:
+        return record(fn, [_meta_tensor(m) for m in metas], table)
+    except Exception as exc:  # leave it whole: it becomes an ATen call
+        log.debug("cannot decompose %s: %s", node.name, exc)
+        return None
 
 
 # ---- 3./4. identities and constants -----------------------------------------------------

@@ -132,3 +132,25 @@ def test_a_wire_graph_is_lowered_without_generating_its_python_code() -> None:
     assert type(program.gm)._needs_recompile()
     assert "torch.ops.aten" in program.gm.code
     assert not type(program.gm)._needs_recompile()
+
+
+def test_a_decomposition_is_recorded_once_per_op_and_argument_metadata(monkeypatch) -> None:
+    """A model's repeated layers decompose the same op on the same metadata: the
+    decomposition is recorded once and spliced into each, giving what recording each would."""
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.var_mean(x, dim=0)
+        b = torch.var_mean(x * 2, dim=0)  # the same metadata as a's
+        c = torch.var_mean(y, dim=0)  # other shapes
+        d = torch.var_mean(x, dim=1)  # other arguments
+        return a[0] + b[1], c[0], d[1]
+
+    x, y = rand((4, 16), seed=1), rand((8, 16), seed=2)
+    gm = trace(f, x, y)
+    with monkeypatch.context() as patch:
+        patch.setattr(lower, "_recording_key", lambda *args: None)  # each recorded afresh
+        fresh = lower_fx(gm, [x, y]).gm.code
+    calls = []
+    real = lower.record
+    monkeypatch.setattr(lower, "record", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert lower_fx(gm, [x, y]).gm.code == fresh
+    assert len(calls) == 3
