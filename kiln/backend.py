@@ -13,7 +13,6 @@ import atexit
 import dataclasses
 import functools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -142,7 +141,7 @@ def _warm_up_early() -> None:
     or a plan's lowering needs. The model's first step is usually seconds away. The device
     is left alone: which one this process uses may not be set yet (`_prepare` makes the
     driver at the first compile)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return
     # Imported on this thread: an import on two threads at once can hand one a half-made module.
     import triton.runtime.cache  # noqa: F401
@@ -150,6 +149,10 @@ def _warm_up_early() -> None:
     from torch.export import decomp_utils  # noqa: F401
 
     from compiler.runtime import compile_pool
+    from compiler.runtime.execution import runs_on_cpu
+
+    if runs_on_cpu():  # the interpreter loads no kernel binaries
+        return
 
     def run() -> None:
         start = time.perf_counter()

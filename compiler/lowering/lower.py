@@ -261,7 +261,7 @@ def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
 
     table = decompositions()
     table.update(_KILN_DECOMPS)
-    recorded: dict[object, fx.GraphModule | None] = {}  # a model's repeated layers: once each
+    recorded: dict[object, fx.GraphModule] = {}  # a model's repeated layers: once each
     for _ in range(4):  # a decomposition may produce ops that decompose further
         changed = False
         for node in list(gm.graph.nodes):
@@ -276,7 +276,7 @@ def decompose_composites(gm: fx.GraphModule, origins: dict[str, str]) -> None:
 
 def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
                           origins: dict[str, str],
-                          recorded: dict[object, fx.GraphModule | None]) -> bool:
+                          recorded: dict[object, fx.GraphModule]) -> bool:
     """Replace `node` by the graph its decomposition records. `recorded` keeps each
     recording by op, argument metadata and other arguments: the same op on the same
     metadata records the same graph (a constant-free one is spliced again as it is)."""
