@@ -218,12 +218,13 @@ def test_a_backward_whose_build_failed_ahead_is_not_built_again(monkeypatch, kil
 def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> None:
     """On a GPU machine, `kiln.backend`'s import starts Triton's hash of itself and the
     decomposition table on a thread, before the model's first step needs them."""
-    from triton import knobs
     from triton.runtime.cache import triton_key
 
     from compiler.lowering import decomposition_table
+    from compiler.runtime import execution
 
-    monkeypatch.setattr(knobs.runtime, "interpret", False)
+    # Not Triton's own setting: restoring it would leave it set for every later test.
+    monkeypatch.setattr(execution, "runs_on_cpu", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     triton_key.cache_clear()
     decomposition_table._table.cache_clear()
