@@ -98,12 +98,8 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                                inference_compiler=compiler_for("inference"),
                                partition_fn=partition,
                                decompositions=compiler.decompositions())
-        start = time.perf_counter()
-        try:
-            with gc_paused():  # AOTAutograd's trace and the forward's compile
-                return backend(gm, example_inputs)
-        finally:
-            degrade.add_seconds("aot", time.perf_counter() - start)
+        with degrade.timed("aot"), gc_paused():  # AOTAutograd's trace and the forward's compile
+            return backend(gm, example_inputs)
     except RestartAnalysis:
         raise  # dynamo's own control flow, not a failure
     except Exception as exc:  # degrade to eager, never break the job
@@ -313,14 +309,13 @@ def _find(entry: CompiledGraph, resolver: Resolver) -> Any:
     from torch.utils._python_dispatch import _disable_current_modes
 
     answer = None
-    start = time.perf_counter()
-    try:
-        with _disable_current_modes():
-            answer = resolver.resolve(entry)
-    except Exception as exc:  # degrade to what is installed (or eager)
-        degrade.warn_once("build_failed", f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
-        log.debug("kiln: resolve failed", exc_info=True)
-    degrade.add_seconds("resolve", time.perf_counter() - start)
+    with degrade.timed("resolve"):
+        try:
+            with _disable_current_modes():
+                answer = resolver.resolve(entry)
+        except Exception as exc:  # degrade to what is installed (or eager)
+            degrade.warn_once("build_failed", f"{entry.key[:12]}: {type(exc).__name__}: {exc}")
+            log.debug("kiln: resolve failed", exc_info=True)
     return answer
 
 
@@ -361,29 +356,25 @@ def _compile_planned(key: str, gm: torch.fx.GraphModule, example_inputs: Sequenc
     service), without AOTAutograd; None when there is none or it does not fit."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    start = time.perf_counter()
-    try:
-        with gc_paused(), _disable_current_modes():
-            plan = _load_plan(key, resolver)
-            if plan is None:
-                return None
-            try:
-                plans.check_against(plan, gm, example_inputs)
-            except plans.NotPlannable as exc:
-                log.debug("kiln: plan %s does not fit: %s", key[:12], exc)
-                degrade.count("plans_refused")
-                return None
-            device = _device_of(example_inputs)
-            target = compiler.Target.detect(str(device))
-            kind = "forward" if plan.backward is not None else "inference"
-            forward = _planned_entry(plan.forward, kind, device, target, tag_of(kind))
-            backward = None
-            if plan.backward is not None:
-                backward = _resolve_later(_planned_entry(plan.backward, "backward", device,
-                                                         target, tag_of("backward")), resolver)
-            degrade.count("plans_used")
-    finally:
-        degrade.add_seconds("plan", time.perf_counter() - start)
+    with degrade.timed("plan"), gc_paused(), _disable_current_modes():
+        plan = _load_plan(key, resolver)
+        if plan is None:
+            return None
+        try:
+            plans.check_against(plan, gm, example_inputs)
+        except plans.NotPlannable as exc:
+            log.debug("kiln: plan %s does not fit: %s", key[:12], exc)
+            degrade.count("plans_refused")
+            return None
+        device = _device_of(example_inputs)
+        target = compiler.Target.detect(str(device))
+        kind = "forward" if plan.backward is not None else "inference"
+        forward = _planned_entry(plan.forward, kind, device, target, tag_of(kind))
+        backward = None
+        if plan.backward is not None:
+            backward = _resolve_later(_planned_entry(plan.backward, "backward", device,
+                                                     target, tag_of("backward")), resolver)
+        degrade.count("plans_used")
     _resolve_planned(forward, resolver)
     return plans.PlanRunner(plan, forward, backward)
 

@@ -9,7 +9,6 @@ started with and the next call gets the new one: swaps land between calls.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -79,14 +78,13 @@ class CompiledGraph:
         once) and then puts `impl` itself in place, so later calls pay nothing."""
 
         def first(args: list[Any]) -> Any:
-            start = time.perf_counter()
             try:
-                return impl(args)
+                with degrade.timed("first_call"):
+                    return impl(args)
             finally:
                 with self._lock:
                     if self._impl is first:
                         self._impl = impl
-                degrade.add_seconds("first_call", time.perf_counter() - start)
 
         return first
 

@@ -8,11 +8,13 @@ every warning twice. `logging.captureWarnings(True)` routes it into an applicati
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 
 log = logging.getLogger("kiln")
 
@@ -75,7 +77,8 @@ _counts: Counter[str] = Counter()
 _seconds: Counter[str] = Counter()
 # Each timed step as it happened (`timeline`): where a first step's time goes, per thread.
 _START = time.perf_counter()  # the timeline's zero: when kiln was imported
-_timeline: list[tuple[str, str, float, float]] = []  # (step, thread, start s, seconds)
+# (step, thread, start s, seconds, CPU seconds or None)
+_timeline: list[tuple[str, str, float, float, float | None]] = []
 TIMELINE_MAX = 2000  # steps kept; a long job's later ones are dropped
 
 
@@ -105,15 +108,27 @@ def count(name: str, n: int = 1) -> None:
         _counts[name] += n
 
 
-def add_seconds(name: str, seconds: float) -> None:
+def add_seconds(name: str, seconds: float, cpu_seconds: float | None = None) -> None:
     """Add to the process-wide time counter `seconds:<name>` (where compile time goes), and
-    put the step that just ended on the timeline."""
+    put the step that just ended on the timeline (with the CPU time its thread spent in it,
+    when known: less than `seconds` where it waited for the GIL, the device or the network)."""
     start = clock() - seconds
     thread = threading.current_thread().name
     with _lock:
         _seconds[name] += seconds
         if len(_timeline) < TIMELINE_MAX:
-            _timeline.append((name, thread, start, seconds))
+            _timeline.append((name, thread, start, seconds, cpu_seconds))
+
+
+@contextlib.contextmanager
+def timed(name: str) -> Iterator[None]:
+    """Time the block as the step `name` (`add_seconds`), its thread's CPU time included,
+    whether it returns or raises."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    try:
+        yield
+    finally:
+        add_seconds(name, time.perf_counter() - start, time.thread_time() - cpu)
 
 
 def clock() -> float:
@@ -125,12 +140,14 @@ def timeline() -> list[dict[str, object]]:
     """The timed compile steps of `stats()["seconds:<step>"]` one by one, in the order they
     ended: `step`, `thread` (the training thread is `MainThread`; `kiln-backward-ahead`,
     `kiln-prepare`, `kiln-compiler` and `kiln-poller` are kiln's), `start` (`clock()` when
-    it began) and `seconds`. Steps nest (`resolve` holds `build` and `precompile`) and
+    it began), `seconds` and, for steps timed with `timed`, `cpu_seconds` (the thread's CPU
+    time: the rest it waited). Steps nest (`resolve` holds `build` and `precompile`) and
     threads overlap, so where their seconds add up to more than a first step took, the
     threads were waiting for each other (the GIL) or for the service."""
     with _lock:
-        return [{"step": n, "thread": t, "start": round(s, 4), "seconds": round(d, 4)}
-                for n, t, s, d in _timeline]
+        return [{"step": n, "thread": t, "start": round(s, 4), "seconds": round(d, 4),
+                 **({} if c is None else {"cpu_seconds": round(c, 4)})}
+                for n, t, s, d, c in _timeline]
 
 
 def stats() -> dict[str, float]:

@@ -135,13 +135,9 @@ class Resolver:
         swap; a kernel that does not compile fails the build here, not the training step.
         Kernels the service holds compiled binaries of are loaded instead of compiled
         (`kiln.binaries`); should one not load, the graph's kernels are compiled here."""
-        start = time.perf_counter()
-        try:
+        with degrade.timed("build"):
             built = compiler.build(entry.graph, schedule)
-        finally:
-            degrade.add_seconds("build", time.perf_counter() - start)
-        start = time.perf_counter()
-        try:
+        with degrade.timed("precompile"):
             source = self.binaries()
             with compile_pool.binary_source(source) as placed:
                 try:
@@ -156,8 +152,6 @@ class Resolver:
                     compile_pool.forget_binaries(placed, [i.fn for i in built.launches()])
                     with compile_pool.binary_source(None):
                         built.precompile(entry.device)
-        finally:
-            degrade.add_seconds("precompile", time.perf_counter() - start)
         return built
 
     def binaries(self) -> ServiceBinaries | None:
@@ -227,13 +221,12 @@ class Resolver:
 
         thread = threading.Thread(target=exchange, name="kiln-exchange", daemon=True)
         thread.start()
-        start = time.perf_counter()
-        try:
-            compiler.lower_graph(entry.graph)
-        except Exception:  # noqa: BLE001 - the build raises it again, and reports it
-            log.debug("kiln: lowering %s ahead of its schedule failed", entry.key[:12],
-                      exc_info=True)
-        degrade.add_seconds("lower", time.perf_counter() - start)
+        with degrade.timed("lower"):
+            try:
+                compiler.lower_graph(entry.graph)
+            except Exception:  # noqa: BLE001 - the build raises it again, and reports it
+                log.debug("kiln: lowering %s ahead of its schedule failed", entry.key[:12],
+                          exc_info=True)
         thread.join()
         if failed:
             raise failed[0]

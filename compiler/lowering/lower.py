@@ -13,7 +13,7 @@ from torch._prims_common import suggest_memory_format
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from compiler.ir import MetaError, Program, TensorMeta, base_name, check_program, op_name
-from compiler.lowering import ops
+from compiler.lowering import meta_memo, ops
 from compiler.lowering.fusion import plan_steps
 from compiler.lowering.layout import channels_last_convolutions
 from compiler.lowering.layout import policy as layout_policy
@@ -36,19 +36,17 @@ def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object], owned: bool = F
     original_ops = {n.name: op_name(n) for n in gm.graph.nodes if n.op == "call_function"}
     origins = {n.name: n.name for n in gm.graph.nodes}
     metas = [TensorMeta.of(m) if m is not None else None for m in example_meta]
-    propagate_meta(gm, metas)                  # 1. dtype/shape/stride of every value
+    propagate_meta(gm, metas, take_validated=True)  # 1. dtype/shape/stride of every value
     decompose_composites(gm, origins)          # 2. layer_norm, softmax, var, ... -> primitives
-    propagate_meta(gm, metas, reuse=True)
+    propagate_meta(gm, metas)
     simplify_identities(gm)                    # 3. clone/alias/x*1/same-dtype casts vanish
     fold_constants(gm)                         # 4. small constant subgraphs evaluated now
     gm.graph.eliminate_dead_code()             # 5. dead code elimination
     channels_last_convolutions(                #    convolutions on NHWC tensors
-        gm, lambda: propagate_meta(gm, metas, reuse=True), origins, original_ops)
+        gm, lambda: propagate_meta(gm, metas), origins, original_ops)
     split_reductions(gm, origins)              #    few outputs, many elements: two stages
     gm.recompile()
-    propagate_meta(gm, metas, reuse=True)
-    for node in gm.graph.nodes:
-        node.meta.pop("kiln_meta_key", None)  # it holds argument nodes: only for the runs above
+    propagate_meta(gm, metas)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     steps, buffers = plan_steps(gm)            # 6. classify, realize, fuse into kernels
     program = Program(gm, steps, placeholders, origins, original_ops, buffers)
@@ -83,12 +81,12 @@ def _to_meta(value: object) -> object:
 
 
 def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
-                   reuse: bool = False) -> None:
+                   take_validated: bool = False) -> None:
     """Run the graph on the meta device and record each node's TensorMeta (`kiln_meta`).
-    With `reuse`, a node that an earlier run recorded, whose op, arguments and arguments'
-    metadata are the same now, keeps its metadata without running again (the passes
-    between runs change few nodes; running every op on the meta device is most of
-    lowering's time)."""
+    A node whose op, argument metadata and other arguments the process has seen takes the
+    metadata remembered for them (`meta_memo`) without running; with `take_validated` (the
+    first run of a graph made from the wire format), a node takes the value validation
+    computed for it when its inputs did too."""
     values: dict[fx.Node, object] = {}
     validated: set[fx.Node] = set()  # nodes whose value here is the one validation computed
     placeholders = iter(inputs)
@@ -99,33 +97,45 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
         elif node.op == "get_attr":
             values[node] = _to_meta(_attr(gm, node.target))
         elif node.op == "call_function":
-            key = _meta_key(node)
-            kept = _recorded(node, key) if reuse else None
-            if kept is not None:
-                values[node] = kept
-                continue
-            if not reuse and _takes_validated(node, validated):
+            if take_validated and _takes_validated(node, validated):
                 values[node] = node.meta["wire_value"]
                 validated.add(node)
             else:
-                args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
-                args, kwargs = tree_map(_meta_device, (args, kwargs))
-                try:
-                    values[node] = _META_RULES.get(node.target, node.target)(*args, **kwargs)
-                except Exception as exc:  # an op the meta device cannot run: no metadata
-                    raise MetaError(node, f"node {node.name} ({op_name(node)}): cannot infer "
-                                          f"its shape ({type(exc).__name__}: {exc})") from exc
-            node.meta["kiln_meta_key"] = key
+                key = meta_memo.key_of(node)
+                known = meta_memo.remembered(key)
+                if known is not None:
+                    values[node] = _meta_values(known)
+                    node.meta["kiln_meta"] = known
+                    continue
+                values[node] = _run_on_meta(node, values)
+                meta_memo.remember(key, _metas(values[node]))
         elif node.op == "output":
             continue
         else:
             raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
         found = _metas(values[node])
         # validated: its value here has the metadata of the one wire validation computed
-        if (not reuse and node not in validated and "wire_value" in node.meta
+        if (take_validated and node not in validated and "wire_value" in node.meta
                 and found == _metas(node.meta["wire_value"])):
             validated.add(node)
         node.meta["kiln_meta"] = tree_map(lambda v: v if isinstance(v, TensorMeta) else None, found)
+
+
+def _run_on_meta(node: fx.Node, values: dict[fx.Node, object]) -> object:
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+    args, kwargs = tree_map(_meta_device, (args, kwargs))
+    try:
+        return _META_RULES.get(node.target, node.target)(*args, **kwargs)
+    except Exception as exc:  # an op the meta device cannot run: no metadata
+        raise MetaError(node, f"node {node.name} ({op_name(node)}): cannot infer "
+                              f"its shape ({type(exc).__name__}: {exc})") from exc
+
+
+def _meta_values(metas: object) -> object:
+    """Meta tensors of remembered metadata, in its structure."""
+    if isinstance(metas, TensorMeta):
+        return _meta_tensor(metas)
+    return type(metas)(_meta_values(m) for m in metas)  # type: ignore[call-arg,attr-defined]
 
 
 def _metas(value: object) -> object:
@@ -158,30 +168,6 @@ def _convolution_meta(x: torch.Tensor, weight: torch.Tensor, *args: object) -> t
 
 # Ops whose meta kernels do not give the layout that the device's kernels do.
 _META_RULES: dict[object, Callable] = {aten.convolution.default: _convolution_meta}
-
-
-def _meta_key(node: fx.Node) -> tuple:
-    """What a node's metadata follows from: its op, and its arguments with each argument
-    node's metadata (as recorded by this run, which goes in graph order)."""
-    return node.target, fx.node.map_arg((node.args, node.kwargs),
-                                        lambda a: (a, a.meta.get("kiln_meta")))
-
-
-def _recorded(node: fx.Node, key: tuple) -> object | None:
-    """Meta values for the metadata an earlier run recorded for `node` under `key`; None
-    when there is none, the key differs, or a value is not a tensor (it is run again)."""
-    if "kiln_meta_key" not in node.meta:
-        return None
-    try:
-        if node.meta["kiln_meta_key"] != key:
-            return None
-    except Exception:  # noqa: BLE001 - an argument that does not compare: run it
-        return None
-    recorded = node.meta.get("kiln_meta")
-    leaves = tree_leaves(recorded)
-    if not leaves or not all(isinstance(m, TensorMeta) for m in leaves):
-        return None
-    return tree_map(_meta_tensor, recorded)
 
 
 def _meta_device(value: object) -> object:
@@ -324,15 +310,13 @@ def _recording_key(node: fx.Node, flat: list, positions: list[int], metas: list,
                    spec: object) -> object | None:
     """What a decomposition's recording follows from; None when an argument is not a
     plain value (it is recorded afresh)."""
-    values: list[object] = [(type(v).__name__, v) for v in flat]  # 1, 1.0 and True differ
+    try:
+        values = [v if isinstance(v, fx.Node) else meta_memo.plain_value(v) for v in flat]
+    except TypeError:  # a tensor or another object among the arguments
+        return None
     for i, m in zip(positions, metas, strict=True):
         values[i] = m
-    key = (node.target, str(spec), tuple(values))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return node.target, str(spec), tuple(values)
 
 
 def _record_decomposition(node: fx.Node, flat: list, positions: list[int], metas: list,

@@ -1,10 +1,8 @@
-"""Lowering runs the graph on the meta device after each pass that changes it; a rerun
-keeps the metadata of every node whose op, arguments and arguments' metadata did not
-change (`propagate_meta(reuse=True)`), and gives what a full run gives."""
+"""Lowering runs the graph on the meta device after each pass that changes it; an op whose
+op, argument metadata and other arguments the process has seen takes the metadata
+remembered for them (`compiler.lowering.meta_memo`) and gives what running it gives."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from compiler.ir import TensorMeta
-from compiler.lowering import lower
+from compiler.lowering import lower, meta_memo
 from compiler.lowering.lower import lower_fx, propagate_meta
 from tests.compiler.oputil import rand, trace
 from tests.corpus import case, case_names
@@ -26,28 +24,66 @@ def _graph() -> tuple[fx.GraphModule, list[TensorMeta]]:
     return trace(fn, x, x2), [TensorMeta.of(x), TensorMeta.of(x2)]
 
 
-def test_a_rerun_keeps_unchanged_nodes_and_runs_changed_ones_and_their_users() -> None:
+class _CountingRules(dict):
+    """Stands in for `lower._META_RULES`: every op lowering runs on the meta device asks it
+    for a rule, so its asks count the runs."""
+
+    def __init__(self, rules: dict) -> None:
+        super().__init__(rules)
+        self.asked: list[object] = []
+
+    def get(self, key, default=None):  # noqa: ANN001, ANN202
+        self.asked.append(key)
+        return super().get(key, default)
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    meta_memo.forget()
+    counting = _CountingRules(lower._META_RULES)
+    monkeypatch.setattr(lower, "_META_RULES", counting)
+    yield counting.asked
+    meta_memo.forget()
+
+
+def test_an_op_is_run_once_per_op_argument_metadata_and_other_arguments(runs) -> None:
     gm, metas = _graph()
     propagate_meta(gm, metas)
-    second = [n for n in gm.graph.nodes if n.op == "placeholder"][1]
+    assert len(runs) == 3  # add, mul, sum
+    runs.clear()
+    propagate_meta(gm, metas)  # the same graph again: everything is remembered
+    assert runs == []
     add, mul, total = (next(n for n in gm.graph.nodes if n.op == "call_function" and
                             n.target.__name__.startswith(p)) for p in ("add", "mul", "sum"))
-    # A wrong record on the unchanged sum shows that the rerun kept it without running it.
-    marked = dataclasses.replace(total.meta["kiln_meta"], dtype=torch.float64)
-    total.meta["kiln_meta"] = marked
-    add.args = (second, *add.args[1:])  # y = x2 + 1: add and its user mul change
-    propagate_meta(gm, metas, reuse=True)
-    assert total.meta["kiln_meta"] is marked
+    second = [n for n in gm.graph.nodes if n.op == "placeholder"][1]
+    add.args = (second, *add.args[1:])  # y = x2 + 1: add and its user mul see other shapes
+    propagate_meta(gm, metas)
+    assert runs == [add.target, mul.target]
     assert add.meta["kiln_meta"].shape == mul.meta["kiln_meta"].shape == (8, 6)
-    propagate_meta(gm, metas)  # a full run records what the op gives
-    assert total.meta["kiln_meta"].dtype == torch.float32
+    assert total.meta["kiln_meta"].shape == (6,)
+
+
+def test_the_key_tells_apart_what_changes_a_result(runs) -> None:
+    """1, 1.0 and True promote an integer tensor differently; -0.0 is not 0.0."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x + 1, x + 1.0, x + True, x * 1
+
+    gm = trace(fn, torch.arange(6).reshape(2, 3))
+    propagate_meta(gm, [TensorMeta.of(torch.arange(6).reshape(2, 3))])
+    dtypes = [n.meta["kiln_meta"].dtype for n in gm.graph.nodes if n.op == "call_function"]
+    assert dtypes == [torch.int64, torch.float32, torch.int64, torch.int64]
+    assert meta_memo.plain_value(-0.0) != meta_memo.plain_value(0.0)
+    assert meta_memo.plain_value(1) != meta_memo.plain_value(1.0) != meta_memo.plain_value(True)
+    with pytest.raises(TypeError):
+        meta_memo.plain_value(torch.ones(1))
 
 
 def _all_metas(program) -> list:
     return [(n.name, n.meta.get("kiln_meta")) for n in program.gm.graph.nodes]
 
 
-def test_lowering_with_reuse_gives_what_full_runs_give(monkeypatch) -> None:
+def test_lowering_with_remembered_metadata_gives_what_running_every_op_gives(
+        monkeypatch: pytest.MonkeyPatch, runs) -> None:
     x, w, b = rand((16, 32), seed=1), rand((32,), seed=2), rand((32,), seed=3)
 
     def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -56,11 +92,25 @@ def test_lowering_with_reuse_gives_what_full_runs_give(monkeypatch) -> None:
 
     gm = trace(fn, x, w, b)
     metas = [TensorMeta.of(t) for t in (x, w, b)]
-    reused = lower_fx(gm, metas)
-    monkeypatch.setattr(lower, "_recorded", lambda node, key: None)
+    remembered = lower_fx(gm, metas)
+    assert runs
+    runs.clear()
+    again = lower_fx(gm, metas)
+    assert runs == []
+    monkeypatch.setattr(meta_memo, "remembered", lambda key: None)
     full = lower_fx(gm, metas)
-    assert _all_metas(reused) == _all_metas(full)
-    assert not any("kiln_meta_key" in n.meta for n in reused.gm.graph.nodes)
+    assert runs
+    assert _all_metas(remembered) == _all_metas(again) == _all_metas(full)
+
+
+def test_the_memo_keeps_at_most_its_bound(monkeypatch: pytest.MonkeyPatch, runs) -> None:
+    monkeypatch.setattr(meta_memo, "MAX_ENTRIES", 2)
+    gm, metas = _graph()
+    propagate_meta(gm, metas)
+    assert len(runs) == 3
+    runs.clear()
+    propagate_meta(gm, metas)  # add was dropped for mul and sum, then mul for add, ...
+    assert len(runs) == 3
 
 
 def _lowered_from_wire(gm: fx.GraphModule, inputs: list, validated: bool):  # noqa: ANN202
@@ -86,22 +136,19 @@ def test_lowering_takes_wire_validation_metas_and_gives_what_its_own_run_gives(n
     assert _all_metas(taken) == _all_metas(ran)
 
 
-def test_the_first_metadata_run_takes_validated_values_instead_of_running_ops(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_metadata_run_takes_validated_values_instead_of_running_ops(runs) -> None:
+    from compiler.wire.graph import to_graph
+
     c = case("gpt_block.train_fwd")
-    ran: list[object] = []
-
-    class Counting(dict):  # every op lowering runs on the meta device asks it for a rule
-        def get(self, key, default=None):  # noqa: ANN001, ANN202
-            ran.append(key)
-            return super().get(key, default)
-
-    monkeypatch.setattr(lower, "_META_RULES", Counting(lower._META_RULES))
-    _lowered_from_wire(c.gm, c.example_inputs, validated=True)
-    with_values = len(ran)
-    ran.clear()
-    _lowered_from_wire(c.gm, c.example_inputs, validated=False)
-    assert 0 < with_values < len(ran) / 2
+    graph = to_graph(c.gm, c.example_inputs)
+    counted = []
+    for take in (True, False):
+        meta_memo.forget()
+        runs.clear()
+        propagate_meta(graph.to_fx(), [TensorMeta.of(i) for i in graph.inputs],
+                       take_validated=take)
+        counted.append(len(runs))
+    assert counted[0] == 0 < counted[1]
 
 
 def test_a_convolution_validation_saw_as_row_major_is_run_with_kiln_s_layout_rule() -> None:
