@@ -103,8 +103,7 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
             else:
                 key = meta_memo.key_of(node)
                 known = meta_memo.remembered(key)
-                if known is not None:
-                    values[node] = _meta_values(known)
+                if known is not None:  # its meta value is made only if a run needs it
                     node.meta["kiln_meta"] = known
                     continue
                 values[node] = _run_on_meta(node, values)
@@ -122,7 +121,12 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
 
 
 def _run_on_meta(node: fx.Node, values: dict[fx.Node, object]) -> object:
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+    def value(arg: fx.Node) -> object:
+        if arg not in values:  # a remembered node's value, made from its metadata
+            values[arg] = _meta_values(arg.meta["kiln_meta"])
+        return values[arg]
+
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
     args, kwargs = tree_map(_meta_device, (args, kwargs))
     try:
         return _META_RULES.get(node.target, node.target)(*args, **kwargs)
