@@ -4,6 +4,7 @@ such as `x0`, `(x1 * 4 + r0)`, `0`; views and broadcasts transform it)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -202,6 +203,7 @@ def broadcast_index(idx: Index, out_shape: tuple[int, ...], in_shape: tuple[int,
     return tuple("0" if in_shape[d] == 1 else idx[lead + d] for d in range(len(in_shape)))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a model's layers merge the same index again and again
 def merge_dims(idx: Index, m: TensorMeta) -> tuple[Index, TensorMeta]:
     """Fold runs of dims whose index is the row-major split of one expression, and whose
     strides nest, into that one expression: (x // 64, x % 64) over strides (64, 1) -> x."""

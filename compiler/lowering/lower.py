@@ -20,6 +20,7 @@ from compiler.lowering.layout import policy as layout_policy
 from compiler.lowering.record import record
 from compiler.lowering.split_reductions import policy_from_env as split_policy_from_env
 from compiler.lowering.split_reductions import split_reductions
+from compiler.wire.memo import plain_value
 from compiler.wire.schema import storage_extent
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
         if (take_validated and node not in validated and "wire_value" in node.meta
                 and found == _metas(node.meta["wire_value"])):
             validated.add(node)
-        node.meta["kiln_meta"] = tree_map(lambda v: v if isinstance(v, TensorMeta) else None, found)
+        node.meta["kiln_meta"] = _tensor_metas(found)
 
 
 def _run_on_meta(node: fx.Node, values: dict[fx.Node, object]) -> object:
@@ -143,8 +144,26 @@ def _meta_values(metas: object) -> object:
 
 
 def _metas(value: object) -> object:
-    """`value` with its tensors as TensorMetas (other leaves as they are)."""
-    return tree_map(lambda v: TensorMeta.of(v) if isinstance(v, torch.Tensor) else v, value)
+    """`value` with its tensors as TensorMetas (other leaves as they are; an op's tuple
+    of results, a named one too, as a tuple)."""
+    if isinstance(value, torch.Tensor):
+        return TensorMeta.of(value)
+    if isinstance(value, list):
+        return [_metas(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_metas(v) for v in value)
+    return value
+
+
+def _tensor_metas(metas: object) -> object:
+    """`_metas`' result with every leaf that is not a TensorMeta as None."""
+    if isinstance(metas, TensorMeta):
+        return metas
+    if isinstance(metas, list):
+        return [_tensor_metas(m) for m in metas]
+    if isinstance(metas, tuple):
+        return tuple(_tensor_metas(m) for m in metas)
+    return None
 
 
 def _takes_validated(node: fx.Node, validated: set[fx.Node]) -> bool:
@@ -315,7 +334,7 @@ def _recording_key(node: fx.Node, flat: list, positions: list[int], metas: list,
     """What a decomposition's recording follows from; None when an argument is not a
     plain value (it is recorded afresh)."""
     try:
-        values = [v if isinstance(v, fx.Node) else meta_memo.plain_value(v) for v in flat]
+        values = [v if isinstance(v, fx.Node) else plain_value(v) for v in flat]
     except TypeError:  # a tensor or another object among the arguments
         return None
     for i, m in zip(positions, metas, strict=True):

@@ -20,6 +20,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from compiler.wire.decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
 from compiler.wire.limits import WireLimits
+from compiler.wire.memo import Memo, plain_value
 from compiler.wire.schema import GETITEM, Ref, ValidationCancelled, WireError, storage_extent
 
 _META = torch.device("meta")
@@ -135,12 +136,81 @@ def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: 
             raise WireError(f"{node.op} could return {bound} tensors > limit {limits.max_nodes}", where)
     if "device" in _arg_names(node.target):
         kwargs = {**kwargs, "device": _META}  # factory ops would allocate on the CPU otherwise
+    key = _memo_key(node.target, args, kwargs)
+    known = _MEMO.get(key)
+    if known is not None:
+        return _as_meta(known)
     try:
-        return node.target(*args, **kwargs)
+        result = node.target(*args, **kwargs)
     except Exception as e:  # any failure of an op on these arguments is the graph's fault
         text = str(e).strip()
         message = text.splitlines()[0][:300] if text else ""
         raise WireError(f"{node.op} fails on its arguments: {type(e).__name__}: {message}", where) from None
+    layouts = _layouts(result) if key is not None else None
+    if layouts is not None:
+        _MEMO.put(key, layouts)
+    return result
+
+
+# What ops gave, for validating a model's repeated layers once (compiler/wire/memo.py).
+# Only ops whose results are fresh tensors: a view or an in-place op is run every time,
+# so that every alias in a graph is the one its ops make.
+_MEMO = Memo(max_entries=50_000)
+_Layout = tuple  # (dtype, shape, stride, storage offset)
+
+
+@functools.cache
+def _fresh_results(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return (schema is not None and not schema.is_mutable
+            and all(r.alias_info is None for r in schema.returns))
+
+
+def _memo_key(target: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The op, its tensors' layouts and its other arguments; None when not remembered."""
+    if not _fresh_results(target):
+        return None
+    try:
+        return target, _keyed(args), _keyed(tuple(kwargs.items()))
+    except TypeError:  # an argument without a faithful key: run it
+        return None
+
+
+def _keyed(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _layout(value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_keyed(v) for v in value))
+    return plain_value(value)
+
+
+def _layout(t: torch.Tensor) -> _Layout:
+    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def _layouts(result: Any) -> Any:
+    """A result as layouts (tensors), ints and Nones (results an op leaves out), in its
+    structure; None when it holds anything else (it is not remembered)."""
+    if isinstance(result, torch.Tensor):
+        return ("t", _layout(result))
+    if type(result) is int or result is None:
+        return ("i", result)
+    if isinstance(result, (list, tuple)) and result:
+        parts = [_layouts(r) for r in result]
+        return None if any(p is None for p in parts) else (type(result).__name__, tuple(parts))
+    return None
+
+
+def _as_meta(layouts: Any) -> Any:
+    kind, value = layouts
+    if kind == "t":
+        dtype, shape, stride, offset = value
+        base = torch.empty(storage_extent(shape, stride, offset), dtype=dtype, device=_META)
+        return base.as_strided(shape, stride, offset)
+    if kind == "i":
+        return value
+    parts = [_as_meta(v) for v in value]
+    return parts if kind == "list" else tuple(parts)
 
 
 def infer_meta(spec: GraphSpec, display: Mapping[str, str], limits: WireLimits,

@@ -12,6 +12,7 @@ from torch import fx
 from compiler.ir import TensorMeta
 from compiler.lowering import lower, meta_memo
 from compiler.lowering.lower import lower_fx, propagate_meta
+from compiler.wire.memo import plain_value
 from tests.compiler.oputil import rand, trace
 from tests.corpus import case, case_names
 
@@ -72,10 +73,10 @@ def test_the_key_tells_apart_what_changes_a_result(runs) -> None:
     propagate_meta(gm, [TensorMeta.of(torch.arange(6).reshape(2, 3))])
     dtypes = [n.meta["kiln_meta"].dtype for n in gm.graph.nodes if n.op == "call_function"]
     assert dtypes == [torch.int64, torch.float32, torch.int64, torch.int64]
-    assert meta_memo.plain_value(-0.0) != meta_memo.plain_value(0.0)
-    assert meta_memo.plain_value(1) != meta_memo.plain_value(1.0) != meta_memo.plain_value(True)
+    assert plain_value(-0.0) != plain_value(0.0)
+    assert plain_value(1) != plain_value(1.0) != plain_value(True)
     with pytest.raises(TypeError):
-        meta_memo.plain_value(torch.ones(1))
+        plain_value(torch.ones(1))
 
 
 def _all_metas(program) -> list:
@@ -104,7 +105,7 @@ def test_lowering_with_remembered_metadata_gives_what_running_every_op_gives(
 
 
 def test_the_memo_keeps_at_most_its_bound(monkeypatch: pytest.MonkeyPatch, runs) -> None:
-    monkeypatch.setattr(meta_memo, "MAX_ENTRIES", 2)
+    monkeypatch.setattr(meta_memo._MEMO, "max_entries", 2)
     gm, metas = _graph()
     propagate_meta(gm, metas)
     assert len(runs) == 3

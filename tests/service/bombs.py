@@ -40,11 +40,13 @@ def expand_sum(n: int) -> dict[str, Any]:
 
 
 def bicubic_chain(count: int, size: int = 64) -> dict[str, Any]:
-    """`count` independent `upsample_bicubic2d` nodes of one [1, 1, size, size] input to
-    [size, size]: cheap to send, each priced high by wire validation."""
+    """`count` independent `upsample_bicubic2d` nodes of one [1, 1, size, size] input, to
+    [size, size + i] for node i: cheap to send, each priced high by wire validation, no two
+    alike (validation runs a repeated op on the same arguments once)."""
     shape = [1, 1, size, size]
     nodes = [{"name": f"up{i}", "op": "aten.upsample_bicubic2d.default",
-              "args": [{"ref": "x"}, [size, size], False], "kwargs": {}, "meta": _meta(shape)}
+              "args": [{"ref": "x"}, [size, size + i], False], "kwargs": {},
+              "meta": _meta([1, 1, size, size + i])}
              for i in range(count)]
     return {"format": "kiln.graph/1",
             "inputs": [{"name": "x", **_meta(shape), "storage_offset": 0, "requires_grad": False}],
