@@ -293,7 +293,7 @@ def _convert(entry: CompiledGraph, example_inputs: list[Any], count: bool = True
             # to_wire + from_wire with the graph run on meta once: the key is from_wire's.
             wire, graph = to_wire_and_graph(entry.gm, example_inputs)
             target = compiler.Target.detect(str(entry.device))
-            entry.describe(compiler.tuning_key(graph, target), graph, wire, target)
+            entry.describe(compiler.tuning_key(graph, target), graph, target, wire)
     except Exception as exc:  # a graph kiln cannot express runs eagerly
         degrade.warn_once("unsupported", f"{type(exc).__name__}: {exc}")
         if count:
@@ -419,7 +419,7 @@ def _load_plan(key: str, resolver: Resolver) -> Any:
 def _planned_entry(graph: compiler.Graph, kind: str, device: torch.device,
                    target: compiler.Target, tag: str | None) -> CompiledGraph:
     entry = CompiledGraph(graph.to_fx(device), kind=kind, device=device, tag=tag)
-    entry.describe(compiler.tuning_key(graph, target), graph, graph.to_json(), target)
+    entry.describe(compiler.tuning_key(graph, target), graph, target)
     degrade.count("graphs")
     with _lock:
         _compiled.add(entry)
@@ -635,7 +635,7 @@ def _take_ahead(entry: CompiledGraph, resolver: Resolver,
             if ahead.fingerprint != fingerprint:
                 continue
             done = ahead.entry
-            entry.describe(done.key, done.graph, done.wire, done.target)
+            entry.describe(done.key, done.graph, done.target, done.wire)
         elif ahead.entry.key != entry.key:
             continue
         ahead.done.wait()

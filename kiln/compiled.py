@@ -34,7 +34,7 @@ class CompiledGraph:
         # Set by describe() once kiln has converted the graph:
         self.key: str | None = None
         self.graph: compiler.Graph | None = None
-        self.wire: dict[str, Any] | None = None  # the kiln.graph/1 dict sent to the service
+        self._wire: dict[str, Any] | None = None  # the kiln.graph/1 dict sent to the service
         self.target: compiler.Target | None = None
         self.device = device or torch.device("cpu")  # where the kernels run
         self.level = "eager"
@@ -53,10 +53,18 @@ class CompiledGraph:
     def __call__(self, args: list[Any]) -> Any:
         return self._impl(args)  # read once: a concurrent swap affects only the next call
 
-    def describe(self, key: str, graph: compiler.Graph, wire: dict[str, Any],
-                 target: compiler.Target) -> None:
-        """What kiln made of the graph: set once, before anything is built."""
-        self.key, self.graph, self.wire, self.target = key, graph, wire, target
+    def describe(self, key: str, graph: compiler.Graph, target: compiler.Target,
+                 wire: dict[str, Any] | None = None) -> None:
+        """What kiln made of the graph: set once, before anything is built. Without `wire`
+        (a graph from a plan: the service has it), the graph's is copied only if asked for."""
+        self.key, self.graph, self._wire, self.target = key, graph, wire, target
+
+    @property
+    def wire(self) -> dict[str, Any] | None:
+        """The kiln.graph/1 dict to send to the service (None before `describe`)."""
+        if self._wire is None and self.graph is not None:
+            self._wire = self.graph.to_json()
+        return self._wire
 
     def install(self, built: compiler.Built, level: str, origin: str) -> bool:
         """Use `built` from the next call on, if `level` is above the current one.
