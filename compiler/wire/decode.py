@@ -22,6 +22,7 @@ from compiler.wire.schema import (
     INT64_MAX,
     Ref,
     WireError,
+    arg_names,
     brief,
     decode_float,
     decode_value,
@@ -265,8 +266,7 @@ def _parse_node(obj: object, index: int, position: int, order: dict[str, int], l
         _expect(len(args) == 2 and isinstance(args[0], Ref) and type(args[1]) is int and not kwargs,
                 "operator.getitem takes (ref, int index) and no kwargs", name)
     else:
-        allowed = {a.name for a in target._schema.arguments}
-        unknown = sorted(set(kwargs) - allowed)
+        unknown = sorted(set(kwargs) - arg_names(target))
         if unknown:
             raise WireError(f"{obj['op']} has no argument {unknown[0][:40]!r}", name)
         # fx writes kwargs as `name=value` into the Python source of to_fx(): a keyword such

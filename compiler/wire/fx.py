@@ -21,7 +21,14 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from compiler.wire.decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
 from compiler.wire.limits import WireLimits
 from compiler.wire.memo import Memo, plain_value
-from compiler.wire.schema import GETITEM, Ref, ValidationCancelled, WireError, storage_extent
+from compiler.wire.schema import (
+    GETITEM,
+    Ref,
+    ValidationCancelled,
+    WireError,
+    arg_names,
+    storage_extent,
+)
 
 _META = torch.device("meta")
 # Ops returning a list whose length is ceil(size / split_size) rather than bounded by args.
@@ -56,19 +63,13 @@ def build_fx(spec: GraphSpec, device: str | torch.device | None = None) -> fx.Gr
     for node in spec.nodes:
         args = tuple(resolve(a) for a in node.args)
         kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
-        if override is not None and node.op != GETITEM and "device" in _arg_names(node.target):
+        if override is not None and node.op != GETITEM and "device" in arg_names(node.target):
             kwargs.setdefault("device", override)  # factory ops default to the CPU otherwise
         env[node.name] = graph.create_node("call_function", node.target, args, kwargs, name=node.name)
     graph.output(tuple(env[r.name] if r is not None else None for r in spec.outputs))
     # Lazy: its Python code is generated when first read or called (a run, a debug print),
     # not here and at each `recompile()` of lowering's passes, which never need it.
     return _LazyGraphModule(root, graph)
-
-
-@functools.cache
-def _arg_names(target: Any) -> frozenset[str]:
-    """The names of an op's schema arguments (asked once per node of every graph built)."""
-    return frozenset(a.name for a in target._schema.arguments)
 
 
 def _result_meta(value: Any, node: str, limits: WireLimits) -> NodeMeta:
@@ -134,7 +135,7 @@ def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: 
         bound = _list_bound(node, args, kwargs)
         if bound > limits.max_nodes:
             raise WireError(f"{node.op} could return {bound} tensors > limit {limits.max_nodes}", where)
-    if "device" in _arg_names(node.target):
+    if "device" in arg_names(node.target):
         kwargs = {**kwargs, "device": _META}  # factory ops would allocate on the CPU otherwise
     key = _memo_key(node.target, args, kwargs)
     known = _MEMO.get(key)

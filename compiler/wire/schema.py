@@ -133,6 +133,12 @@ def resolve_op(name: object) -> Any:
     return _resolve_checked(*match.groups())
 
 
+@functools.cache
+def arg_names(target: Any) -> frozenset[str]:
+    """The names of an op's schema arguments (asked for every node of every graph)."""
+    return frozenset(a.name for a in target._schema.arguments)
+
+
 @functools.lru_cache(maxsize=4096)
 def _resolve_checked(namespace: str, packet_name: str, overload_name: str) -> torch._ops.OpOverload:
     name = f"{namespace}.{packet_name}.{overload_name}"
