@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
@@ -84,4 +85,5 @@ def record(fn: Callable[..., Any], inputs: list[torch.Tensor],
     with recorder:
         out = fn(*inputs)
     recorder.graph.output(tree_map(recorder.node_of, out))
-    return fx.GraphModule(recorder.root, recorder.graph)
+    # Lazy: its Python code is made only if read; splicing copies the graph, not the code.
+    return _LazyGraphModule(recorder.root, recorder.graph)
