@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import json
 import logging
 import threading
 import time
@@ -382,7 +383,7 @@ def _compile_planned(key: str, gm: torch.fx.GraphModule, example_inputs: Sequenc
 def _load_plan(key: str, resolver: Resolver) -> Any:
     """The plan for `key`, parsed and checked: from the local cache, else from the service
     (then kept locally); None when neither has one that parses."""
-    from compiler.wire.plan import PlanError, max_plan_bytes, parse_plan, plan_text
+    from compiler.wire.plan import PlanError, max_plan_bytes, parse_plan
 
     cache = resolver.plan_cache
     raw = cache.get(key, max_plan_bytes()) if cache is not None else None
@@ -412,7 +413,10 @@ def _load_plan(key: str, resolver: Resolver) -> Any:
                           url=resolver.config.url or "?")
         return None
     if cache is not None:
-        _keep_plan(cache, key, plan_text(plan))
+        # The document as received, parsed and checked: no copy of its graphs to re-encode.
+        text = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"),
+                                                           allow_nan=False)
+        _keep_plan(cache, key, text)
     return plan
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+from compiler.wire.plan import parse_plan
 from examples.models import SeedMLP
 from kiln import backend
 from tests.kiln.helpers import assert_close_losses, causes, train_gpt, train_mlp
@@ -67,6 +68,9 @@ def test_mlp_and_gpt_train_through_the_service_and_a_second_process_fetches_ever
     assert second["schedules_local"] == 0 and second["eager"] == 0, second
     assert second["plans_used"] == 1 and "seconds:aot" not in second, second
     assert "kiln [" not in out.stderr  # no fallback warning
+    # The plan it fetched is kept in its cache as the service sent it, and parses there.
+    (kept,) = (tmp_path / "second-cache").glob("plans/??/*.json")
+    assert parse_plan(kept.read_bytes()).key == kept.stem
 
 
 def test_service_dying_mid_run_costs_one_warning_and_training_continues(service,
