@@ -12,9 +12,9 @@ from __future__ import annotations
 from torch import fx
 
 from compiler.ir import TensorMeta
-from compiler.wire.memo import Memo, plain_value
+from compiler.wire.memo import MAX_LIST, Memo, plain_value
 
-_MEMO = Memo(max_entries=50_000)  # about 30 graphs of a thousand distinct nodes; a few MB
+_MEMO = Memo(max_entries=16_384)  # about 1 KB an entry; a graph has a few hundred
 
 
 class _Unkeyable(Exception):
@@ -25,6 +25,8 @@ def _frozen(value: object) -> object:
     if isinstance(value, fx.Node):
         return _node_meta(value.meta.get("kiln_meta"))
     if isinstance(value, (list, tuple)):
+        if len(value) > MAX_LIST:
+            raise _Unkeyable
         return (type(value).__name__, tuple(_frozen(v) for v in value))
     if isinstance(value, dict):
         return ("dict", tuple((k, _frozen(v)) for k, v in value.items()))
@@ -38,7 +40,7 @@ def _node_meta(meta: object) -> object:
     """A node argument's recorded metadata: tensors only (a node holding an int has none)."""
     if isinstance(meta, TensorMeta):
         return meta
-    if isinstance(meta, (list, tuple)) and meta:
+    if isinstance(meta, (list, tuple)) and 0 < len(meta) <= MAX_LIST:
         return (type(meta).__name__, tuple(_node_meta(m) for m in meta))
     raise _Unkeyable
 
@@ -67,7 +69,8 @@ def remember(key: tuple | None, result: object) -> None:
 def _all_tensors(result: object) -> bool:
     if isinstance(result, TensorMeta):
         return True
-    return isinstance(result, (list, tuple)) and bool(result) and all(_all_tensors(r) for r in result)
+    return (isinstance(result, (list, tuple)) and 0 < len(result) <= MAX_LIST
+            and all(_all_tensors(r) for r in result))
 
 
 def forget() -> None:

@@ -20,7 +20,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from compiler.wire.decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
 from compiler.wire.limits import WireLimits
-from compiler.wire.memo import Memo, plain_value
+from compiler.wire.memo import MAX_LIST, Memo, plain_value
 from compiler.wire.schema import (
     GETITEM,
     Ref,
@@ -156,7 +156,7 @@ def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: 
 # What ops gave, for validating a model's repeated layers once (compiler/wire/memo.py).
 # Only ops whose results are fresh tensors: a view or an in-place op is run every time,
 # so that every alias in a graph is the one its ops make.
-_MEMO = Memo(max_entries=50_000)
+_MEMO = Memo(max_entries=4096)  # about 1.5 KB an entry, 11 at most (MAX_LIST): < 50 MB
 _Layout = tuple  # (dtype, shape, stride, storage offset)
 
 
@@ -181,6 +181,8 @@ def _keyed(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _layout(value)
     if isinstance(value, (list, tuple)):
+        if len(value) > MAX_LIST:
+            raise TypeError(f"a list of {len(value)} is too long to keep")
         return (type(value).__name__, tuple(_keyed(v) for v in value))
     return plain_value(value)
 
@@ -196,7 +198,7 @@ def _layouts(result: Any) -> Any:
         return ("t", _layout(result))
     if type(result) is int or result is None:
         return ("i", result)
-    if isinstance(result, (list, tuple)) and result:
+    if isinstance(result, (list, tuple)) and 0 < len(result) <= MAX_LIST:
         parts = [_layouts(r) for r in result]
         return None if any(p is None for p in parts) else (type(result).__name__, tuple(parts))
     return None

@@ -17,6 +17,10 @@ import torch
 
 _ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 
+# The longest list a key or a remembered result may hold: an entry stays small (a
+# service's memo serves every client; a `cat` of a thousand inputs is run, not kept).
+MAX_LIST = 16
+
 
 def plain_value(value: object) -> object:
     """A hashable stand-in for an argument that is not a tensor, faithful to everything an
@@ -29,6 +33,8 @@ def plain_value(value: object) -> object:
     if isinstance(value, _ATOMS):
         return value
     if isinstance(value, (list, tuple)):
+        if len(value) > MAX_LIST:
+            raise TypeError(f"a list of {len(value)} is too long to keep")
         return (type(value).__name__, tuple(plain_value(v) for v in value))
     if isinstance(value, slice):
         return ("slice", plain_value(value.start), plain_value(value.stop), plain_value(value.step))

@@ -79,3 +79,16 @@ def test_the_key_tells_apart_what_changes_a_result(runs: list) -> None:
     adds = [n for n in graph.nodes if n.op == "aten.add.Tensor"]
     assert [n.meta.dtype for n in adds] == [torch.int64, torch.float32, torch.int64, torch.int64]
     assert adds[3].meta.shape == (3, 2)
+
+
+def test_an_entry_stays_small() -> None:
+    """A service's memo serves every client: a long list of arguments or results is run
+    each time, not kept (a `cat` of thousands of inputs would make a large key)."""
+    from compiler.wire.memo import MAX_LIST, plain_value
+
+    t = torch.empty((2, 3), device="meta")
+    assert wire_fx._memo_key(aten.cat.default, ([t] * 3, 0), {}) is not None
+    assert wire_fx._memo_key(aten.cat.default, ([t] * (MAX_LIST + 1), 0), {}) is None
+    assert wire_fx._layouts([t] * (MAX_LIST + 1)) is None
+    with pytest.raises(TypeError):
+        plain_value(list(range(MAX_LIST + 1)))
