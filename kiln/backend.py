@@ -152,13 +152,12 @@ def _warm_up_early() -> None:
         return
 
     def run() -> None:
-        start = time.perf_counter()
-        try:
-            compile_pool.hash_triton()
-            compiler.decompositions()
-        except Exception as exc:  # noqa: BLE001 - the first compile pays for it instead
-            log.debug("kiln: early warm-up failed: %s: %s", type(exc).__name__, exc)
-        degrade.add_seconds("prepare", time.perf_counter() - start)
+        with degrade.timed("prepare"):
+            try:
+                compile_pool.hash_triton()
+                compiler.decompositions()
+            except Exception as exc:  # noqa: BLE001 - the first compile pays for it instead
+                log.debug("kiln: early warm-up failed: %s: %s", type(exc).__name__, exc)
 
     threading.Thread(target=run, name="kiln-warm-up", daemon=True).start()
 

@@ -71,14 +71,13 @@ class Compiler:
             job = self._jobs.get()
             if job is None:
                 return
-            start = time.perf_counter()
             try:
-                job()
+                with degrade.timed("background"):
+                    job()
             except Exception as exc:  # the thread must never die
                 degrade.warn_once("build_failed", f"background: {type(exc).__name__}: {exc}")
                 log.debug("kiln: background compile failed", exc_info=True)
             finally:
-                degrade.add_seconds("background", time.perf_counter() - start)
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()

@@ -20,7 +20,6 @@ from compiler.lowering.layout import policy as layout_policy
 from compiler.lowering.record import record
 from compiler.lowering.split_reductions import policy_from_env as split_policy_from_env
 from compiler.lowering.split_reductions import split_reductions
-from compiler.wire.memo import plain_value
 from compiler.wire.schema import storage_extent
 
 log = logging.getLogger(__name__)
@@ -92,6 +91,7 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
     validated: set[fx.Node] = set()  # nodes whose value here is the one validation computed
     placeholders = iter(inputs)
     for node in gm.graph.nodes:
+        found: object = None
         if node.op == "placeholder":
             m = next(placeholders, None)
             values[node] = _meta_tensor(m) if m is not None else None
@@ -108,12 +108,14 @@ def propagate_meta(gm: fx.GraphModule, inputs: Sequence[TensorMeta | None],
                     node.meta["kiln_meta"] = known
                     continue
                 values[node] = _run_on_meta(node, values)
-                meta_memo.remember(key, _metas(values[node]))
+                found = _metas(values[node])
+                meta_memo.remember(key, found)
         elif node.op == "output":
             continue
         else:
             raise ValueError(f"node {node.name}: unsupported fx op {node.op!r}")
-        found = _metas(values[node])
+        if found is None:
+            found = _metas(values[node])
         # validated: its value here has the metadata of the one wire validation computed
         if (take_validated and node not in validated and "wire_value" in node.meta
                 and found == _metas(node.meta["wire_value"])):
@@ -294,7 +296,7 @@ def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
     metas = [flat[i].meta.get("kiln_meta") for i in positions]
     if not all(isinstance(m, TensorMeta) for m in metas):
         return False
-    key = _recording_key(node, flat, positions, metas, spec)
+    key = meta_memo.key_of(node)  # what the recording follows from, as for its metadata
     sub = recorded.get(key) if key is not None else None
     if sub is None:
         sub = _record_decomposition(node, flat, positions, metas, spec, table)
@@ -327,19 +329,6 @@ def _splice_decomposition(gm: fx.GraphModule, node: fx.Node, table: dict,
         node.replace_all_uses_with(out)
     gm.graph.erase_node(node)
     return True
-
-
-def _recording_key(node: fx.Node, flat: list, positions: list[int], metas: list,
-                   spec: object) -> object | None:
-    """What a decomposition's recording follows from; None when an argument is not a
-    plain value (it is recorded afresh)."""
-    try:
-        values = [v if isinstance(v, fx.Node) else plain_value(v) for v in flat]
-    except TypeError:  # a tensor or another object among the arguments
-        return None
-    for i, m in zip(positions, metas, strict=True):
-        values[i] = m
-    return node.target, str(spec), tuple(values)
 
 
 def _record_decomposition(node: fx.Node, flat: list, positions: list[int], metas: list,

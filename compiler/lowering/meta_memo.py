@@ -17,40 +17,28 @@ from compiler.wire.memo import MAX_LIST, Memo, plain_value
 _MEMO = Memo(max_entries=16_384)  # about 1 KB an entry; a graph has a few hundred
 
 
-class _Unkeyable(Exception):
-    """An argument the key cannot hold faithfully: the node is run, not remembered."""
+def _node_meta(value: object) -> object:
+    """A node argument's recorded metadata (`kiln_meta`)."""
+    if not isinstance(value, fx.Node):
+        raise TypeError(f"no key for {type(value).__name__}")
+    return _tensor_metas(value.meta.get("kiln_meta"))
 
 
-def _frozen(value: object) -> object:
-    if isinstance(value, fx.Node):
-        return _node_meta(value.meta.get("kiln_meta"))
-    if isinstance(value, (list, tuple)):
-        if len(value) > MAX_LIST:
-            raise _Unkeyable
-        return (type(value).__name__, tuple(_frozen(v) for v in value))
-    if isinstance(value, dict):
-        return ("dict", tuple((k, _frozen(v)) for k, v in value.items()))
-    try:
-        return plain_value(value)
-    except TypeError:
-        raise _Unkeyable from None
-
-
-def _node_meta(meta: object) -> object:
-    """A node argument's recorded metadata: tensors only (a node holding an int has none)."""
+def _tensor_metas(meta: object) -> object:
+    """Recorded metadata of tensors only (a node holding an int has none)."""
     if isinstance(meta, TensorMeta):
         return meta
     if isinstance(meta, (list, tuple)) and 0 < len(meta) <= MAX_LIST:
-        return (type(meta).__name__, tuple(_node_meta(m) for m in meta))
-    raise _Unkeyable
+        return (type(meta).__name__, tuple(_tensor_metas(m) for m in meta))
+    raise TypeError("an argument without tensor metadata")
 
 
 def key_of(node: fx.Node) -> tuple | None:
     """What `node`'s result metadata follows from, given its arguments' recorded metadata
     (`kiln_meta`); None when an argument has none or cannot be keyed."""
     try:
-        return node.target, _frozen(node.args), _frozen(node.kwargs)
-    except _Unkeyable:
+        return node.target, plain_value((node.args, tuple(node.kwargs.items())), _node_meta)
+    except TypeError:
         return None
 
 

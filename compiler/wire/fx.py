@@ -172,19 +172,15 @@ def _memo_key(target: Any, args: tuple, kwargs: dict) -> tuple | None:
     if not _fresh_results(target):
         return None
     try:
-        return target, _keyed(args), _keyed(tuple(kwargs.items()))
+        return target, plain_value((args, tuple(kwargs.items())), _tensor_layout)
     except TypeError:  # an argument without a faithful key: run it
         return None
 
 
-def _keyed(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _layout(value)
-    if isinstance(value, (list, tuple)):
-        if len(value) > MAX_LIST:
-            raise TypeError(f"a list of {len(value)} is too long to keep")
-        return (type(value).__name__, tuple(_keyed(v) for v in value))
-    return plain_value(value)
+def _tensor_layout(value: Any) -> _Layout:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"no key for {type(value).__name__}")
+    return _layout(value)
 
 
 def _layout(t: torch.Tensor) -> _Layout:

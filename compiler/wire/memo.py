@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -22,10 +22,12 @@ _ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 MAX_LIST = 16
 
 
-def plain_value(value: object) -> object:
-    """A hashable stand-in for an argument that is not a tensor, faithful to everything an
-    op may read from it: its type (1, 1.0 and True differ) and a float's sign and bits
-    (-0.0 and 0.0 differ). Raises TypeError for anything else (a tensor, an object)."""
+def plain_value(value: object, other: Callable[[object], object] | None = None) -> object:
+    """A hashable stand-in for an argument, faithful to everything an op may read from it:
+    its type (1, 1.0 and True differ), a float's sign and bits (-0.0 and 0.0 differ), each
+    item of a list of at most `MAX_LIST`. `other` keys what is none of those (a tensor, an
+    fx node; it raises TypeError for what it cannot key); without it, or for anything else,
+    TypeError."""
     if isinstance(value, float):
         return ("float", value.hex())
     if value is None or isinstance(value, (bool, int, str)):
@@ -35,9 +37,11 @@ def plain_value(value: object) -> object:
     if isinstance(value, (list, tuple)):
         if len(value) > MAX_LIST:
             raise TypeError(f"a list of {len(value)} is too long to keep")
-        return (type(value).__name__, tuple(plain_value(v) for v in value))
+        return (type(value).__name__, tuple(plain_value(v, other) for v in value))
     if isinstance(value, slice):
         return ("slice", plain_value(value.start), plain_value(value.stop), plain_value(value.step))
+    if other is not None:
+        return other(value)
     raise TypeError(f"no key for {type(value).__name__}")
 
 
