@@ -132,12 +132,13 @@ def _start_compile_workers(expect_binaries: bool) -> None:
 
 def _warm_up_early() -> None:
     """When the backend is looked up (`torch.compile(..., backend="kiln")` imports this
-    module), start on a thread of its own the one-time work of a first compile that touches
-    no device: Triton's hash of itself (0.5-1 s, most of it outside the GIL), which the
-    first kernel load needs, and kiln's decomposition table (0.1-0.2 s), which AOTAutograd
-    or a plan's lowering needs. The model's first step is usually seconds away. The device
-    is left alone: which one this process uses may not be set yet (`_prepare` makes the
-    driver at the first compile)."""
+    module), start the one-time work of a first compile that touches no device: Triton's
+    hash of itself (0.5-1 s), which the first kernel load needs, in a child process
+    (`compiler.runtime.triton_key`: on a thread here it slowed dynamo's tracing more than it
+    cost), and on a thread of its own kiln's decomposition table (0.1-0.2 s), which
+    AOTAutograd or a plan's lowering needs. The model's first step is usually seconds away.
+    The device is left alone: which one this process uses may not be set yet (`_prepare`
+    makes the driver at the first compile)."""
     if not torch.cuda.is_available():
         return
     # Imported on this thread: an import on two threads at once can hand one a half-made module.
@@ -145,16 +146,16 @@ def _warm_up_early() -> None:
     from torch import _decomp  # noqa: F401
     from torch.export import decomp_utils  # noqa: F401
 
-    from compiler.runtime import compile_pool
+    from compiler.runtime import triton_key
     from compiler.runtime.execution import runs_on_cpu
 
     if runs_on_cpu():  # the interpreter loads no kernel binaries
         return
+    triton_key.start()
 
     def run() -> None:
         with degrade.timed("prepare"):
             try:
-                compile_pool.hash_triton()
                 compiler.decompositions()
             except Exception as exc:  # noqa: BLE001 - the first compile pays for it instead
                 log.debug("kiln: early warm-up failed: %s: %s", type(exc).__name__, exc)

@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from compiler.runtime import triton_key
 from compiler.runtime.kernel_files import import_kernel
 
 log = logging.getLogger(__name__)
@@ -450,7 +451,7 @@ def start() -> None:
 
 def prepare_loading() -> None:
     """Pay, ahead of the first precompile, what loading this process's first kernel costs
-    once: Triton's cache key of itself (`hash_triton`) and its CUDA driver (which builds a
+    once: Triton's cache key of itself (`triton_key.ensure`) and its CUDA driver (which builds a
     utility module with the C compiler when Triton's cache lacks it, unless it is
     `static_launch.lazy_driver`'s, which defers that to a use that kernels launched through
     torch's static launcher never make). The client runs this on a thread of its own while
@@ -459,42 +460,9 @@ def prepare_loading() -> None:
 
     from compiler.runtime import static_launch
 
-    hash_triton()
+    triton_key.ensure()
     static_launch.lazy_driver()  # before the line below makes Triton's driver
     driver.active.get_current_target()
-
-
-_hashing_lock = threading.Lock()
-
-
-def hash_triton() -> None:
-    """Triton's cache key of itself (`triton_key`: a hash of its sources and ~500 MB
-    library, part of every kernel's cache key), computed once per process. Triton's own
-    cache of it does not lock: a thread that needs it while another computes it waits here
-    instead of hashing it all again (the client's first precompile and its warm-up thread)."""
-    from triton.runtime.cache import triton_key
-
-    with _hashing_lock, _short_switch_interval():
-        triton_key()
-
-
-# While the tracing thread runs Python, a thread that hashes a file in 1 MB chunks (the GIL
-# released for each) waits up to the switch interval (5 ms) to get the GIL back after every
-# chunk: Triton's ~500 MB key took 7.7 s instead of 0.5 s on this project's CI machine,
-# 0.9 s with a 0.2 ms interval.
-HASHING_SWITCH_INTERVAL = 0.0002
-
-
-@contextmanager
-def _short_switch_interval() -> Iterator[None]:
-    """The interpreter's thread switch interval at most HASHING_SWITCH_INTERVAL for the
-    block (process-wide; restored after, and never lengthened)."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, HASHING_SWITCH_INTERVAL))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
 
 
 def _forget_after_fork() -> None:
@@ -544,7 +512,7 @@ def specialization(fn: Any, args: tuple, grid: tuple[int, ...], kwargs: dict[str
         data["target"] = dict(vars(driver.active.get_current_target()))
     spec = json.dumps(data)
     try:
-        hash_triton()  # waits for a warm-up thread's hash rather than computing it again
+        triton_key.ensure()  # waits for the child's (or another thread's) key
         data["cache_key"] = cache_key(fn, spec)
     except Exception as exc:  # noqa: BLE001 - no key only means no binary from the service
         log.debug("no Triton cache key for %s: %s", getattr(fn, "__name__", fn), exc)

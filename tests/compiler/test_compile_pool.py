@@ -96,27 +96,3 @@ def test_specialization_names_the_target_where_triton_leaves_it_out() -> None:
     assert {k: data[k] for k in spec} == spec
 
 
-def test_triton_is_hashed_once_when_two_threads_need_it_at_once(monkeypatch) -> None:
-    """Triton's cache of its own key does not lock: the client's warm-up thread and its
-    first kernel load would hash the library twice; `hash_triton` makes the second wait."""
-    import functools
-    import threading
-    import time
-
-    import triton.runtime.cache
-
-    calls: list[int] = []
-
-    @functools.lru_cache
-    def slow_key() -> str:
-        calls.append(1)
-        time.sleep(0.2)
-        return "key"
-
-    monkeypatch.setattr(triton.runtime.cache, "triton_key", slow_key)
-    threads = [threading.Thread(target=compile_pool.hash_triton) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert calls == [1]

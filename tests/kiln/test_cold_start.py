@@ -216,21 +216,27 @@ def test_a_backward_whose_build_failed_ahead_is_not_built_again(monkeypatch, kil
 
 
 def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> None:
-    """On a GPU machine, `kiln.backend`'s import starts Triton's hash of itself and the
-    decomposition table on a thread, before the model's first step needs them."""
-    from triton.runtime.cache import triton_key
+    """On a GPU machine, `kiln.backend`'s import starts Triton's hash of itself in a child
+    process and the decomposition table on a thread, before the model's first step needs
+    them; the child's key is the one Triton computes here."""
+    import triton.runtime.cache as cache
 
     from compiler.lowering import decomposition_table
-    from compiler.runtime import execution
+    from compiler.runtime import execution, triton_key
 
     # Not Triton's own setting: restoring it would leave it set for every later test.
     monkeypatch.setattr(execution, "runs_on_cpu", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    triton_key.cache_clear()
+    monkeypatch.setattr(triton_key, "_known", False)
+    monkeypatch.setattr(triton_key, "_child", None)
+    monkeypatch.setattr(cache, "triton_key", cache.triton_key)  # restored after the test
     decomposition_table._table.cache_clear()
     backend._warm_up_early()
+    assert triton_key._child is not None  # started, not yet waited for
     for thread in threading.enumerate():
         if thread.name == "kiln-warm-up":
             thread.join(60)
-    assert triton_key.cache_info().currsize == 1
     assert decomposition_table._table.cache_info().currsize == 1
+    real = cache.triton_key.__wrapped__()  # Triton's own function, uncached
+    assert triton_key.ensure() == real
+    assert not hasattr(cache.triton_key, "cache_info")  # the child's key, not a hash here

@@ -1,0 +1,137 @@
+"""Triton's cache key of itself (`triton.runtime.cache.triton_key`), computed in a child
+process so that the process that loads kernels never hashes Triton in its own interpreter.
+
+`triton_key()` hashes Triton's Python sources and its ~500 MB library and, on the way,
+imports every package under `triton.compiler` and `triton.backends` (`pkgutil.walk_packages`):
+0.5-1 s of work, part of every kernel's cache key. Done on a thread of a process whose
+main thread is tracing a model, it holds the GIL and the import locks often enough to slow
+dynamo's tracing by more than it costs itself (measured on this project's CI machine:
+resnet18's trace 1.08 s alone, 1.42-1.86 s beside the hash). A child (`start`) computes it
+on another core instead; `ensure` takes its answer and makes Triton use it, as Triton's own
+compile-warmup workers do (`triton._compile_warmup_pool` sets `triton.runtime.cache.triton_key`
+to a function returning the parent's key). The child's key is taken only when it names the
+same Triton package (path and version) as this process; otherwise, or when the child fails
+or is late, the key is computed here as before. Torch-free, like the compile workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
+CHILD_TIMEOUT_S = 60.0  # a child slower than this is killed and the key computed here
+_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); import triton; "
+         "from triton.runtime.cache import triton_key; "
+         "print(); print(json.dumps({'file': triton.__file__, 'version': triton.__version__, "
+         "'key': triton_key()}))")  # its own line: whatever an import prints comes before it
+
+_lock = threading.Lock()
+_child: subprocess.Popen[bytes] | None = None
+_known = False  # Triton's key is cached in this process (computed here or installed)
+
+
+def start() -> None:
+    """Start the child that computes the key (at most once, and not once it is known);
+    returns at once. A child that cannot be started leaves the key to `ensure`."""
+    global _child
+    with _lock:
+        if _known or _child is not None:
+            return
+        try:
+            _child = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, env=_child_env())
+        except OSError as exc:
+            log.debug("no child for Triton's key: %s", exc)
+
+
+def ensure() -> str:
+    """Triton's key, cached for the process: the child's answer (waited for; the wait
+    releases the GIL) when it is valid, else computed here. Threads that ask while it is
+    being obtained wait for the first one."""
+    global _child, _known
+    from triton.runtime import cache
+
+    with _lock:
+        if not _known:
+            child, _child = _child, None
+            key = _answer(child) if child is not None else None
+            if key is not None:
+                cache.triton_key = _returning(key)
+            else:
+                with _short_switch_interval():
+                    cache.triton_key()
+            _known = True
+    return cache.triton_key()
+
+
+def _answer(child: subprocess.Popen[bytes]) -> str | None:
+    """The key the child computed, if it is one for this process's Triton; None otherwise."""
+    import triton
+
+    try:
+        out, _ = child.communicate(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        log.debug("the child computing Triton's key took over %.0f s", CHILD_TIMEOUT_S)
+        return None
+    if child.returncode != 0:
+        log.debug("the child computing Triton's key exited %s", child.returncode)
+        return None
+    try:
+        found = json.loads(out.splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    key = found.get("key") if isinstance(found, dict) else None
+    if (not isinstance(key, str) or found.get("file") != triton.__file__
+            or found.get("version") != triton.__version__ or not key.startswith(triton.__version__)):
+        log.debug("the child computed Triton's key for another Triton; computing it here")
+        return None
+    return key
+
+
+def _returning(key: str):  # noqa: ANN202 - stands in for Triton's own zero-argument function
+    def triton_key() -> str:
+        return key
+
+    return triton_key
+
+
+def _child_env() -> dict[str, str]:
+    # The key does not depend on the interpreter setting; the child only imports Triton.
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+# Computed here, the hash reads the library in 1 MB chunks (the GIL released for each) and
+# waits up to the switch interval (5 ms) to get the GIL back after every chunk while another
+# thread runs Python: 7.7 s instead of 0.5 s on this project's CI machine, 0.9 s with 0.2 ms.
+HASHING_SWITCH_INTERVAL = 0.0002
+
+
+@contextmanager
+def _short_switch_interval() -> Iterator[None]:
+    """The interpreter's thread switch interval at most HASHING_SWITCH_INTERVAL for the
+    block (process-wide; restored after, and never lengthened)."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, HASHING_SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def _forget_after_fork() -> None:
+    global _child, _lock
+    _child, _lock = None, threading.Lock()  # the child belongs to the parent
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
