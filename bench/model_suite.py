@@ -33,7 +33,8 @@ kiln), so its first step is a cold first step. Paths:
 Per path: wall ms per step, host ms, GPU ms, first step s, kernels compiled by the first
 step, dynamo's phase timers of the first step (`dynamo_compile_times`; with
 `BENCH_PROFILE_FIRST_STEP=1`, e.g. as a `--hit-variants` entry, a cProfile of it too:
-`first_step_profile`), and the error of the output (inference) or loss and gradients (training) against
+`first_step_profile`; with `BENCH_PY_SPY=<py-spy binary>`, py-spy's samples of every thread
+while it holds the GIL, `gil_samples`, bench/gil_samples.py), and the error of the output (inference) or loss and gradients (training) against
 eager in the same process. Results: `{"command", "device", "torch", "cases": [...]}`, one
 case per (model, step) with the fields the training-speed and compile-time issues name
 (`eager_wall_ms`, `inductor_wall_ms`, `kiln_heuristic_wall_ms`, `kiln_tuned_wall_ms`,
@@ -82,6 +83,7 @@ def _fetched_binaries() -> int:
 
 PROFILE_ENV = "BENCH_PROFILE_FIRST_STEP"  # set (e.g. in a --hit-variants entry): see below
 PROFILE_ROWS = 70
+PY_SPY_ENV = "BENCH_PY_SPY"  # a py-spy binary: GIL samples of every thread (bench/gil_samples.py)
 
 
 @contextmanager
@@ -126,6 +128,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     """In a fresh process: one path of one case, measured (see the module doc)."""
     import torch
 
+    from bench.gil_samples import sampled
     from bench.measure import Reference, first_step, gpu_ms, host_ms, synchronizer, wall_ms
     from bench.models import compiled, instantiate, step_fn
 
@@ -137,7 +140,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
     before = _binaries(cache)
     started = _kiln_clock() if path.startswith("kiln") else None
-    with _first_step_profile() as profile:
+    with _first_step_profile() as profile, sampled(os.environ.get(PY_SPY_ENV)) as samples:
         got, seconds = first_step(compiled_step, sync)
     # Binaries fetched from the service land in the cache too; they were not compiled here.
     fetched = _fetched_binaries() if path.startswith("kiln") else 0
@@ -150,6 +153,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     record["host_ms"] = host_ms(compiled_step, sync, iters)
     record["gpu_ms"] = gpu_ms(compiled_step, sync, min(iters, 5))
     record.update(profile)
+    record.update(samples)
     if path.startswith("kiln"):
         import kiln
 
