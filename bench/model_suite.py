@@ -30,7 +30,9 @@ kiln), so its first step is a cold first step. Paths:
   service still up: a restart on the same node, kiln's counterpart of `inductor_warm`
   (`kiln_warm_first_s`).
 
-Per path: wall ms per step, host ms, GPU ms, first step s, kernels compiled by the first
+Per path: wall ms per step, host ms, GPU ms, first step s, the `torch.compile(...)` call
+before it s (`compile_call_s`: what looking the backend up imports, Inductor's modules or
+kiln's, lands there), kernels compiled by the first
 step, dynamo's phase timers of the first step (`dynamo_compile_times`; with
 `BENCH_PROFILE_FIRST_STEP=1`, e.g. as a `--hit-variants` entry, a cProfile of it too:
 `first_step_profile`; with `BENCH_PY_SPY=<py-spy binary>`, py-spy's samples of every thread
@@ -51,6 +53,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -136,7 +139,9 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     sync = synchronizer(device)
     case, module, inputs = instantiate(model, device, small)
     reference = Reference.of(step_fn(case, step, module, inputs), module)
+    looked_up = time.perf_counter()  # torch.compile's own call: a backend's imports land here
     compiled_step = step_fn(case, step, compiled(path, module), inputs)
+    compile_call_s = round(time.perf_counter() - looked_up, 3)
     cache = Path(os.environ.get("TRITON_CACHE_DIR", "/nonexistent"))
     before = _binaries(cache)
     started = _kiln_clock() if path.startswith("kiln") else None
@@ -144,7 +149,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
         got, seconds = first_step(compiled_step, sync)
     # Binaries fetched from the service land in the cache too; they were not compiled here.
     fetched = _fetched_binaries() if path.startswith("kiln") else 0
-    record: dict[str, Any] = {"path": path, "first_s": seconds,
+    record: dict[str, Any] = {"path": path, "first_s": seconds, "compile_call_s": compile_call_s,
                               "kernels_compiled": _binaries(cache) - before - fetched,
                               "binaries_fetched": fetched,
                               **reference.errors(got, module)}

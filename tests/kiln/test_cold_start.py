@@ -217,12 +217,13 @@ def test_a_backward_whose_build_failed_ahead_is_not_built_again(monkeypatch, kil
 
 def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> None:
     """On a GPU machine, `kiln.backend`'s import starts Triton's hash of itself in a child
-    process and the decomposition table on a thread, before the model's first step needs
-    them; the child's key is the one Triton computes here."""
+    process, primes dynamo and starts the decomposition table on a thread, before the
+    model's first step needs them; the child's key is the one Triton computes here."""
     import triton.runtime.cache as cache
 
     from compiler.lowering import decomposition_table
     from compiler.runtime import execution, triton_key
+    from kiln import dynamo_prime
 
     # Not Triton's own setting: restoring it would leave it set for every later test.
     monkeypatch.setattr(execution, "runs_on_cpu", lambda: False)
@@ -231,7 +232,10 @@ def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> No
     monkeypatch.setattr(triton_key, "_child", None)
     monkeypatch.setattr(cache, "triton_key", cache.triton_key)  # restored after the test
     decomposition_table._table.cache_clear()
+    primed = []
+    monkeypatch.setattr(dynamo_prime, "prime", lambda: primed.append(1))
     backend._warm_up_early()
+    assert primed == [1]  # dynamo's first-trace imports, on this thread
     assert triton_key._child is not None  # started, not yet waited for
     for thread in threading.enumerate():
         if thread.name == "kiln-warm-up":
