@@ -135,8 +135,8 @@ def _warm_up_early() -> None:
     module), start the one-time work of a first compile that touches no device: Triton's
     hash of itself (0.5-1 s), which the first kernel load needs, in a child process
     (`compiler.runtime.triton_key`: on a thread here it slowed dynamo's tracing more than it
-    cost), dynamo's own first-trace imports on this thread (`kiln.dynamo_prime`, as looking
-    Inductor up does), and on a thread of its own kiln's decomposition table (0.1-0.2 s),
+    cost), dynamo's and kiln's own first-compile imports on this thread (`kiln.preload`, as
+    looking Inductor up does), and on a thread of its own kiln's decomposition table (0.1-0.2 s),
     which AOTAutograd or a plan's lowering needs. The model's first step is usually seconds away.
     The device is left alone: which one this process uses may not be set yet (`_prepare`
     makes the driver at the first compile)."""
@@ -149,12 +149,13 @@ def _warm_up_early() -> None:
 
     from compiler.runtime import triton_key
     from compiler.runtime.execution import runs_on_cpu
-    from kiln import dynamo_prime
+    from kiln import preload
 
     if runs_on_cpu():  # the interpreter loads no kernel binaries
         return
     triton_key.start()
-    dynamo_prime.prime()
+    preload.prime_dynamo()
+    preload.import_compiler()
 
     def run() -> None:
         with degrade.timed("prepare"):

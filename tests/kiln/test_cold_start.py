@@ -223,7 +223,7 @@ def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> No
 
     from compiler.lowering import decomposition_table
     from compiler.runtime import execution, triton_key
-    from kiln import dynamo_prime
+    from kiln import preload
 
     # Not Triton's own setting: restoring it would leave it set for every later test.
     monkeypatch.setattr(execution, "runs_on_cpu", lambda: False)
@@ -233,9 +233,10 @@ def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> No
     monkeypatch.setattr(cache, "triton_key", cache.triton_key)  # restored after the test
     decomposition_table._table.cache_clear()
     primed = []
-    monkeypatch.setattr(dynamo_prime, "prime", lambda: primed.append(1))
+    monkeypatch.setattr(preload, "prime_dynamo", lambda: primed.append("dynamo"))
+    monkeypatch.setattr(preload, "import_compiler", lambda: primed.append("compiler"))
     backend._warm_up_early()
-    assert primed == [1]  # dynamo's first-trace imports, on this thread
+    assert primed == ["dynamo", "compiler"]  # the first compile's imports, on this thread
     assert triton_key._child is not None  # started, not yet waited for
     for thread in threading.enumerate():
         if thread.name == "kiln-warm-up":
