@@ -40,7 +40,8 @@ def sampled(py_spy: str | None) -> Iterator[dict[str, Any]]:
     if not py_spy:
         yield found
         return
-    out = tempfile.NamedTemporaryFile(prefix="gil-", suffix=".txt", delete=False).name
+    fd, out = tempfile.mkstemp(prefix="gil-", suffix=".txt")
+    os.close(fd)  # py-spy writes it
     spy = subprocess.Popen([py_spy, "record", "--gil", "--threads", "--rate", str(RATE_HZ),
                             "--format", "raw", "--output", out, "--pid", str(os.getpid())],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

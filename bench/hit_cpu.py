@@ -43,7 +43,7 @@ PHASES = ("from_wire", "lower", "build", "specialise")
 MARK = "HIT_CPU "
 
 
-def _resnet18() -> tuple[Any, list[Any]]:
+def _resnet18(batch: int, px: int) -> tuple[Any, list[Any]]:
     import torch
     from torch import nn
 
@@ -79,36 +79,36 @@ def _resnet18() -> tuple[Any, list[Any]]:
         def forward(self, x: Any) -> Any:
             return self.fc(self.layers(self.stem(x)).mean((2, 3)))
 
-    return ResNet18().to(torch.bfloat16), []
+    return ResNet18().to(torch.bfloat16), [torch.randn(batch, 3, px, px, dtype=torch.bfloat16)]
 
 
-def _gpt() -> tuple[Any, list[Any]]:
+def _gpt(batch: int, px: int) -> tuple[Any, list[Any]]:  # noqa: ARG001 - images only
+    import torch
+
     from examples.models import GPT, GPTConfig
 
-    return GPT(GPTConfig(layers=6)), []
+    cfg = GPTConfig(layers=6)
+    return GPT(cfg), [torch.randint(0, cfg.vocab, (batch, cfg.seq)) for _ in range(2)]
 
 
-MODELS: dict[str, Callable[[], tuple[Any, list[Any]]]] = {"resnet18": _resnet18, "gpt": _gpt}
+# Each model and its inputs, seeded: (batch, image side) -> (module, inputs).
+MODELS: dict[str, Callable[[int, int], tuple[Any, list[Any]]]] = {"resnet18": _resnet18, "gpt": _gpt}
+
+
+def _seeded(model: str, batch: int, px: int) -> tuple[Any, list[Any]]:
+    import torch
+
+    torch.manual_seed(0)
+    module, inputs = MODELS[model](batch, px)
+    return module.train(), inputs
 
 
 def capture(model: str, batch: int, out: Path) -> list[str]:
     """Write the model's training forward and backward graphs (wire JSON) under `out`."""
-    import torch
-
     import compiler
     from compiler.lowering.tracing import trace_training
 
-    torch.manual_seed(0)
-    module, _ = MODELS[model]()
-    if model == "resnet18":
-        inputs = [torch.randn(batch, 3, 224, 224, dtype=torch.bfloat16)]
-    else:
-        from examples.models import GPTConfig
-
-        cfg = GPTConfig(layers=6)
-        inputs = [torch.randint(0, cfg.vocab, (batch, cfg.seq)),
-                  torch.randint(0, cfg.vocab, (batch, cfg.seq))]
-    fwd, bwd, fwd_in, bwd_in = trace_training(module.train(), inputs)
+    fwd, bwd, fwd_in, bwd_in = trace_training(*_seeded(model, batch, 224))
     names = []
     for name, gm, example in (("forward", fwd, fwd_in), ("backward", bwd, bwd_in)):
         (out / f"{name}.json").write_text(json.dumps(compiler.to_wire(gm, example)))
@@ -126,16 +126,8 @@ def _as_after_dynamo(model: str) -> None:
 
     preload.prime_dynamo()
     preload.import_compiler()
-    torch.manual_seed(0)
-    module, _ = MODELS[model]()
-    if model == "resnet18":
-        inputs = [torch.randn(1, 3, 64, 64, dtype=torch.bfloat16)]
-    else:
-        from examples.models import GPTConfig
-
-        cfg = GPTConfig(layers=6)
-        inputs = [torch.randint(0, cfg.vocab, (1, cfg.seq)), torch.randint(0, cfg.vocab, (1, cfg.seq))]
-    torch.compile(module.train(), backend=lambda gm, example: gm)(*inputs)
+    module, inputs = _seeded(model, 1, 64)
+    torch.compile(module, backend=lambda gm, example: gm)(*inputs)
 
 
 def measure(model: str, graphs: list[Path]) -> dict[str, dict[str, float]]:
@@ -170,9 +162,10 @@ def _phases(text: str, target: Any) -> dict[str, float]:
     graph = timed("from_wire", lambda: compiler.from_wire(text))
     schedule = timed("lower", lambda: compiler.heuristic_schedule(graph, target))
     built = timed("build", lambda: compiler.build(graph, schedule))
-    jobs = timed("specialise", lambda: built._compile_jobs(built.launches()))
+    launches = built.launches()
+    jobs = timed("specialise", lambda: built._compile_jobs(launches))
     times["distinct_kernels"] = len(jobs)
-    times["launches"] = len(built.launches())
+    times["launches"] = len(launches)
     return times
 
 
