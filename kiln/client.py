@@ -99,12 +99,18 @@ class ServiceClient:
 
     # -- the three calls the backend makes -------------------------------------------------
 
-    def submit(self, graph: dict[str, Any], target: dict[str, Any], key: str,
+    def submit(self, graph: dict[str, Any] | str, target: dict[str, Any], key: str,
                tag: str | None = None) -> Answer:
-        """POST /v1/graphs: the service dedupes by key and answers what it has."""
-        body: dict[str, Any] = {"graph": graph, "target": target}
+        """POST /v1/graphs: the service dedupes by key and answers what it has. `graph`: the
+        kiln.graph/1 dict, or its JSON text."""
+        rest: dict[str, Any] = {"target": target}
         if tag:
-            body["tag"] = tag
+            rest["tag"] = tag
+        if isinstance(graph, str):  # spliced in as it is, not parsed and encoded again
+            tail = json.dumps(rest, allow_nan=False)
+            body: Any = '{"graph":' + graph + "," + tail[1:]
+        else:
+            body = {"graph": graph, **rest}
         status, doc = self._request("POST", "/v1/graphs", body)
         if status not in (200, 202):
             raise self._unexpected(status, doc)

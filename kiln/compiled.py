@@ -60,10 +60,12 @@ class CompiledGraph:
         self.key, self.graph, self._wire, self.target = key, graph, wire, target
 
     @property
-    def wire(self) -> dict[str, Any] | None:
-        """The kiln.graph/1 dict to send to the service (None before `describe`)."""
+    def wire(self) -> dict[str, Any] | str | None:
+        """The kiln.graph/1 document to send to the service (None before `describe`): the
+        dict the conversion made, else (a graph from a plan) the graph's canonical JSON
+        text, which it keeps anyway (a copy of its dict would cost more than the request)."""
         if self._wire is None and self.graph is not None:
-            self._wire = self.graph.to_json()
+            return self.graph.canonical_text()
         return self._wire
 
     def install(self, built: compiler.Built, level: str, origin: str) -> bool:

@@ -224,9 +224,10 @@ class Built:
         none of it; returns how many launches it prepared (0 on the CPU, where kernels are
         interpreted). The distinct kernels compile in parallel in the compile workers
         (compiler/runtime/compile_pool.py); this thread only loads them, with torch's static
-        launcher where Triton would build a C launcher per kernel (static_launch.py). Raises
-        what Triton raises for a kernel that does not compile (CompileCrash for one that
-        kills the compiler)."""
+        launcher where Triton would build a C launcher per kernel (static_launch.py), and
+        hands them to the graph's launcher, whose first call then launches them directly
+        (`GraphLauncher.preload`). Raises what Triton raises for a kernel that does not
+        compile (CompileCrash for one that kills the compiler)."""
         device = torch.device(device)
         if device.type != "cuda":
             return 0
@@ -237,12 +238,17 @@ class Built:
         with torch.cuda.device(device):
             compile_pool.compile_ahead(self._compile_jobs(infos),
                                        launchers=not static_launch.available())
+            kernels = []
             for info in infos:
                 # Dtypes stand for tensors (Triton's MockTensor: 16-byte aligned pointers,
                 # which is what the caching allocator hands out).
                 kernel = info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs,
                                         **info.options)
                 static_launch.load(kernel)  # module and launcher now, otherwise lazy
+                kernels.append(kernel)
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # what inputs say
+        self._launcher.preload(device, kernels)  # the first call launches them directly
         return len(infos)
 
     def _compile_jobs(self, infos: list[LaunchInfo]) -> list[compile_pool.CompileJob]:

@@ -23,7 +23,8 @@ Launch modes, per device:
   `CompiledKernel`) and whether each argument it did not allocate was 16-byte aligned
   (what the JIT specialises a pointer on besides its dtype). The first call on a CUDA
   device runs this mode.
-- "direct": from the second call on a CUDA device, each launch calls the compiled
+- "direct": from the second call on a CUDA device (from the first where the graph's
+  kernels were loaded ahead, `GraphLauncher.preload`), each launch calls the compiled
   kernel's launcher itself, `kernel.run(gx, gy, gz, stream, kernel.function,
   kernel.packed_metadata, None, None, None, *args)` (Triton 3.6 and 3.9 both launch this
   way from `JITFunction.run`), skipping the JIT's argument binding, specialisation and
@@ -34,6 +35,7 @@ Launch modes, per device:
   when an argument an ATen call produced is aligned differently. Any launch whose JIT
   result is not a compiled kernel keeps the whole device on "jit", and so does a first
   direct call that a launcher refuses (a trial: the call runs again through the JIT).
+  The "jit" function a direct one falls back to is compiled at its first use.
 """
 
 from __future__ import annotations
@@ -462,6 +464,7 @@ class GraphLauncher:
         self._candidates = list(device_inputs)
         self._device_input = None if self._candidates else -1  # picked on the first call
         self._fns: dict[torch.device, RunFn] = {}
+        self._preloaded: dict[torch.device, list[Recorded | None]] = {}
         self._checker: Callable[[Sequence[Any]], None] | None = None
         self._lock = threading.Lock()
         self.modes: dict[torch.device, str] = {}  # the mode each device runs now
@@ -490,6 +493,23 @@ class GraphLauncher:
         if fn is None:
             fn = self._prepare(device)
         return fn(inputs, boxed)
+
+    def preload(self, device: torch.device, kernels: Sequence[Any]) -> None:
+        """Kernels loaded ahead of the first call on `device` (`Built.precompile`), one per
+        launch in order, each compiled for 16-byte aligned pointers: the first call then
+        launches them directly, as a recorded call would have found them, instead of
+        recording through the JIT (the direct function's alignment guards send any other
+        argument to the JIT). Nothing changes where one is not a loaded compiled kernel."""
+        entries: list[Recorded | None] = []
+        for launch, kernel in zip(self.plan.launches, kernels, strict=True):
+            if launch.empty:
+                entries.append(None)
+            elif is_compiled_kernel(kernel) and getattr(kernel, "function", None) is not None:
+                entries.append(Recorded(kernel, (True,) * len(_foreign(self.plan, launch))))
+            else:
+                return
+        with self._lock:
+            self._preloaded[device] = entries
 
     def source(self, device: torch.device | str, mode: str = "jit",
                recorded: list[Recorded | None] | None = None) -> str:
@@ -534,13 +554,12 @@ class GraphLauncher:
             interpreted = not self._direct(device) or any(
                 is_interpreted(self._kernel_for(launch, device)) for launch in self.plan.launches)
             if interpreted or not self.plan.launches:
-                fn = self.compile(device, "jit")
-                self.modes[device] = "jit"
+                self._fns[device], self.modes[device] = self.compile(device, "jit"), "jit"
+            elif device in self._preloaded:
+                self._go_direct(device, self._preloaded[device])
             else:
-                fn = self._recording(device)
-                self.modes[device] = "record"
-            self._fns[device] = fn
-            return fn
+                self._fns[device], self.modes[device] = self._recording(device), "record"
+            return self._fns[device]
 
     def _recording(self, device: torch.device) -> RunFn:
         recorded: list[Any] = [None] * len(self.plan.launches)
@@ -557,24 +576,40 @@ class GraphLauncher:
         with self._lock:
             if self.modes.get(device) != "record":
                 return
-            jit = self.compile(device, "jit")
             entries: list[Recorded | None] = []
             for launch, value in zip(self.plan.launches, recorded, strict=True):
                 if launch.empty:  # nothing to launch (a zero-size grid)
                     entries.append(None)
                     continue
                 if value is None or not is_compiled_kernel(value[0]):
-                    self._fns[device], self.modes[device] = jit, "jit"
+                    self._fns[device], self.modes[device] = self.compile(device, "jit"), "jit"
                     return
                 entries.append(Recorded(value[0], tuple(value[1])))
-            try:
-                direct = self.compile(device, "direct", entries,
-                                      extra=self._runtime(jit))
-            except Exception:  # an unknown Triton: launches stay on the JIT path
-                self._fns[device], self.modes[device] = jit, "jit"
-                return
-            self._fns[device] = self._trial(device, direct, jit)
-            self.modes[device] = "direct"
+            self._go_direct(device, entries)
+
+    def _go_direct(self, device: torch.device, entries: list[Recorded | None]) -> None:
+        """Put `device` on the direct function for these kernels (its first call a trial),
+        or on the JIT where that function cannot be made. Called holding the lock."""
+        jit = self._jit_later(device)
+        try:
+            direct = self.compile(device, "direct", entries, extra=self._runtime(jit))
+        except Exception:  # an unknown Triton: launches stay on the JIT path
+            self._fns[device], self.modes[device] = self.compile(device, "jit"), "jit"
+            return
+        self._fns[device] = self._trial(device, direct, jit)
+        self.modes[device] = "direct"
+
+    def _jit_later(self, device: torch.device) -> RunFn:
+        """The device's "jit" function, compiled at its first call: the fallback of a
+        direct function, which most runs never take."""
+        compiled: list[RunFn] = []
+
+        def jit(inputs: Sequence[Any], boxed: bool) -> Any:
+            if not compiled:
+                compiled.append(self.compile(device, "jit"))
+            return compiled[0](inputs, boxed)
+
+        return jit
 
     def _trial(self, device: torch.device, direct: RunFn, jit: RunFn) -> RunFn:
         """The first direct call keeps its inputs (a boxed list is cleared only after it)

@@ -273,6 +273,32 @@ def test_direct_mode_falls_back_on_a_hook_and_on_a_moved_alignment() -> None:
     assert log["jit"] == 9 and len(log["direct"]) == 3
 
 
+def test_preloaded_kernels_are_launched_directly_from_the_first_call() -> None:
+    built, log = _built(), {}
+    launcher = _direct_launcher(built, log)
+    cpu = torch.device("cpu")
+    fns = [launch.kernel_for(cpu) for launch in launcher.plan.launches]
+    launcher.preload(cpu, [CompiledKernel(fn, log.setdefault("direct", [])) for fn in fns])
+    xs = _inputs()
+    want = built._run(list(xs), None)
+    _same(launcher(list(xs), False), want)  # no recording call through the JIT
+    assert launcher.modes[cpu] == "direct" and "jit" not in log and len(log["direct"]) == 3
+    # misaligned input: the whole call takes the JIT function, compiled only now
+    odd = torch.empty(16 * 32 + 1)[1:].view(16, 32).copy_(xs[0])
+    _same(launcher([odd, xs[1], xs[2]], False), want)
+    assert log["jit"] == 3 and len(log["direct"]) == 3
+
+
+def test_a_preload_without_loaded_kernels_records_as_before() -> None:
+    built, log = _built(), {}
+    launcher = _direct_launcher(built, log)
+    cpu = torch.device("cpu")
+    launcher.preload(cpu, [None] * len(launcher.plan.launches))
+    xs = _inputs()
+    _same(launcher(list(xs), False), built._run(list(xs), None))
+    assert launcher.modes[cpu] == "direct" and log["jit"] == 3 and log["direct"] == []
+
+
 def test_a_launch_without_a_compiled_kernel_keeps_the_jit_path() -> None:
     built = _built()
     cpu = torch.device("cpu")

@@ -43,6 +43,18 @@ def test_submit_parses_tuned_and_pending_answers_and_sends_the_token():
     assert headers["Authorization"] == "Bearer secret"
 
 
+def test_a_graph_given_as_json_text_is_sent_as_that_document():
+    def handler(method, path, body):
+        return json_reply(202, {"key": KEY, "status": "pending", "job_id": "j", "schedule": None})
+
+    with FakeServer(handler) as srv:
+        client = _client(srv.url)
+        client.submit('{"g":[1,{"h":"x"}]}', {"t": 1}, KEY, tag="mlp")
+        client.submit('{"g":2}', {"t": 1}, KEY)
+    assert srv.requests[0][2] == {"graph": {"g": [1, {"h": "x"}]}, "target": {"t": 1}, "tag": "mlp"}
+    assert srv.requests[1][2] == {"graph": {"g": 2}, "target": {"t": 1}}
+
+
 def test_schedule_404_is_unknown_and_job_is_parsed():
     def handler(method, path, body):
         if path.startswith("/v1/schedules/"):

@@ -1,8 +1,11 @@
-"""A compiled graph's wire dict: the one conversion made, or, for a graph from a plan
-(which the service already holds), the graph's own copied only when something asks."""
+"""A compiled graph's wire document: the dict the one conversion made, or, for a graph from
+a plan (which the service already holds), the graph's canonical text, never a copy."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 import compiler
@@ -24,14 +27,10 @@ def test_the_conversion_s_wire_is_kept() -> None:
     assert entry.wire is wire
 
 
-def test_a_planned_graph_copies_its_wire_only_when_asked(monkeypatch) -> None:
+def test_a_planned_graph_sends_its_canonical_text_without_copying(monkeypatch) -> None:
     gm, graph, wire = _graph()
-    copies = []
-    real = compiler.Graph.to_json
-    monkeypatch.setattr(compiler.Graph, "to_json", lambda self: copies.append(1) or real(self))
+    monkeypatch.setattr(compiler.Graph, "to_json", lambda self: pytest.fail("copied"))
     entry = CompiledGraph(gm)
     assert entry.wire is None  # not described yet
     entry.describe("k" * 64, graph, compiler.Target.cpu())
-    assert copies == []
-    assert entry.wire == wire and entry.wire == wire
-    assert copies == [1]
+    assert entry.wire == graph.canonical_text() and json.loads(entry.wire) == wire
