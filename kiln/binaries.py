@@ -46,6 +46,10 @@ class ServiceBinaries:
         self.client = client
 
     def __call__(self, jobs: list[compile_pool.CompileJob]) -> set[str]:
+        with degrade.timed("fetch_binaries"):
+            return self._fetch(jobs)
+
+    def _fetch(self, jobs: list[compile_pool.CompileJob]) -> set[str]:
         wanted: dict[str, compile_pool.CompileJob] = {}
         for job in jobs:
             key = compile_pool.job_key(job)
