@@ -12,6 +12,11 @@ with Inductor against 1.5-1.9 s with kiln on an H200 host, before this module).
   ops with the dispatcher). Inside the trace they cost far more than outside it: on this
   project's CI machine resnet18's first trace with a backend other than Inductor took
   1.29-1.62 s, 1.17-1.34 s once primed after `torch.compile` (priming: 0.04-0.05 s).
+- `prime_dynamo` also loads dynamo's backend registry (`torch._dynamo.list_backends()`: its
+  backend modules and the installed packages' entry points, 0.1-0.3 s on an H200 host with
+  many packages): a backend given by name loads it at `torch.compile`, but one given as a
+  callable (`backend=kiln.remote_compile`) had dynamo load it at the end of the first
+  compile (`clear_compile_context_weakrefs` asks whether the backend is a registered one).
 - `import_compiler`: the modules a graph's lowering, build and kernel loading import on
   their first use (kiln's compiler; Triton's JIT binder imports `triton.experimental.gluon`,
   51 modules, at the first kernel it specialises): 0.2 s on the CI machine with bytecode
@@ -48,6 +53,12 @@ def prime_dynamo() -> None:
     except Exception as exc:  # noqa: BLE001 - another torch: its first trace pays as before
         log.debug("kiln: dynamo's file filter not primed: %s: %s", type(exc).__name__, exc)
     _import(FIRST_TRACE_IMPORTS)
+    try:
+        import torch._dynamo
+
+        torch._dynamo.list_backends()  # cached for the process
+    except Exception as exc:  # noqa: BLE001 - another torch: its first compile pays as before
+        log.debug("kiln: dynamo's backend registry not loaded: %s: %s", type(exc).__name__, exc)
 
 
 def import_compiler() -> None:

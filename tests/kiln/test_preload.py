@@ -17,6 +17,14 @@ def test_priming_fills_dynamos_file_filter_and_imports_what_its_first_trace_woul
     assert all(name in sys.modules for name in preload.FIRST_TRACE_IMPORTS)
 
 
+def test_priming_loads_dynamos_backend_registry() -> None:
+    from torch._dynamo.backends import registry
+
+    registry._lazy_import.cache_clear()
+    preload.prime_dynamo()
+    assert registry._lazy_import.cache_info().currsize == 1  # the end of a first compile asks
+
+
 def test_the_first_compiles_modules_are_imported() -> None:
     preload.import_compiler()
     assert all(name in sys.modules for name in preload.COMPILER_IMPORTS)
