@@ -608,15 +608,47 @@ def is_cached(key: str, fn_name: str) -> bool:
 def install_binary(key: str, files: dict[str, bytes]) -> None:
     """Write a binary's files (checked by `check_binary_files`; raises ValueError
     otherwise) into Triton's cache under `key`, with the group record that makes the JIT
-    find them: its next launch with that specialisation loads them without compiling."""
-    from triton.runtime.cache import get_cache_manager
+    find them: its next launch with that specialisation loads them without compiling.
+    Into Triton's own file cache, whose directory for the key is empty, they go at once
+    (`_install_at_once`); otherwise through the cache manager, file by file."""
+    from triton.runtime.cache import FileCacheManager, get_cache_manager
 
     why = check_binary_files(key, files)
     if why is not None:
         raise ValueError(why)
     manager = get_cache_manager(key)
+    if type(manager) is FileCacheManager and _install_at_once(manager.cache_dir, files):
+        return
     group = {name: manager.put(data, name, binary=True) for name, data in sorted(files.items())}
     manager.put_group(next(n for n in files if n.endswith(".json")), group)
+
+
+def _install_at_once(directory: str, files: dict[str, bytes]) -> bool:
+    """Write a binary's files and group record as Triton's file cache lays them out into a
+    fresh directory beside `directory`, then rename it over `directory`, which must be
+    empty: one rename where the manager's `put` makes, renames into place and removes a
+    temporary directory per file (37 file system calls a binary: on an H200 host's disk,
+    most of installing a graph's binaries). False, having changed nothing, when `directory`
+    holds anything (another process's files) or a write fails."""
+    meta = next(n for n in files if n.endswith(".json"))
+    group = {name: os.path.join(directory, name) for name in sorted(files)}
+    contents = {**files, f"__grp__{meta}": json.dumps({"child_paths": group}).encode()}
+    staging = f"{directory}.tmp.pid_{os.getpid()}_{os.urandom(8).hex()}"
+    try:
+        os.mkdir(staging)
+        for name, data in sorted(contents.items()):
+            fd = os.open(os.path.join(staging, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+        os.rename(staging, directory)  # replaces an empty directory, refuses a full one
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+    return True
 
 
 def remove_binary(key: str) -> None:

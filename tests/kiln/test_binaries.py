@@ -78,6 +78,41 @@ def test_checked_binaries_are_written_into_tritons_cache(tmp_path: Path, monkeyp
     assert causes(kiln_warnings) == {"binary_refused": 1}
 
 
+def test_an_installed_binary_is_laid_out_as_tritons_own_put_writes_it(tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    from triton.runtime.cache import FileCacheManager, get_cache_manager
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fast"))
+    with monkeypatch.context() as patched:  # at once: not a file through the manager
+        patched.setattr(FileCacheManager, "put", lambda *a, **k: pytest.fail("put"))
+        compile_pool.install_binary(KEY, _files())
+    fast = get_cache_manager(KEY)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "slow"))
+    monkeypatch.setattr(compile_pool, "_install_at_once", lambda directory, files: False)
+    compile_pool.install_binary(KEY, _files())
+    slow = get_cache_manager(KEY)
+    for manager, root in ((fast, "fast"), (slow, "slow")):
+        group = manager.get_group("k_1234.json")
+        assert sorted(group) == ["k_1234.cubin", "k_1234.json"]
+        assert all(Path(p).read_bytes() == _files()[n] for n, p in group.items())
+        assert sorted(p.name for p in Path(manager.cache_dir).iterdir()) == [
+            "__grp__k_1234.json", "k_1234.cubin", "k_1234.json"]
+        assert Path(manager.cache_dir).parent == tmp_path / root
+    assert sorted(p.name for p in (tmp_path / "fast").iterdir()) == [Path(fast.cache_dir).name]
+
+
+def test_a_binary_beside_anothers_files_goes_through_the_cache_manager(tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    from triton.runtime.cache import get_cache_manager
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    other = Path(get_cache_manager(KEY).cache_dir) / "other.txt"
+    other.write_text("another process's file")
+    compile_pool.install_binary(KEY, _files())
+    assert compile_pool.is_cached(KEY, "k_1234") and other.read_text() == "another process's file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.parent.name]  # no staging left
+
+
 def test_compile_ahead_asks_its_source_only_for_what_tritons_cache_lacks(
         tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
