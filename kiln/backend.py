@@ -136,7 +136,7 @@ def _warm_up_early() -> None:
     hash of itself (0.5-1 s), which the first kernel load needs, in a child process
     (`compiler.runtime.triton_key`: on a thread here it slowed dynamo's tracing more than it
     cost), dynamo's and kiln's own first-compile imports on this thread (`kiln.preload`, as
-    looking Inductor up does), and on a thread of its own kiln's decomposition table (0.1-0.2 s),
+    looking Inductor up does) and a frozen heap (`preload.freeze_heap`), and on a thread of its own kiln's decomposition table (0.1-0.2 s),
     which AOTAutograd or a plan's lowering needs. The model's first step is usually seconds away.
     The device is left alone: which one this process uses may not be set yet (`_prepare`
     makes the driver at the first compile)."""
@@ -156,6 +156,12 @@ def _warm_up_early() -> None:
     triton_key.start()
     preload.prime_dynamo()
     preload.import_compiler()
+    try:
+        freeze = kiln_config.current().gc_freeze
+    except ValueError:  # a bad setting: named by the first compile, which then runs eagerly
+        freeze = False
+    if freeze:
+        preload.freeze_heap()
 
     def run() -> None:
         with degrade.timed("prepare"):

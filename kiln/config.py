@@ -52,6 +52,7 @@ class Config:
     background: bool = False  # compile off the training thread; run eagerly until ready
     binaries: bool = True  # load kernels the service compiled (KILN_BINARIES=off: compile all)
     plans: bool = True  # keep and fetch AOTAutograd's results (kiln.plans; KILN_PLANS=off: not)
+    gc_freeze: bool = True  # at the backend's lookup, freeze what the process holds (kiln.preload)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -135,6 +136,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "KILN_BACKGROUND": ("background", _flag),
     "KILN_BINARIES": ("binaries", _flag),
     "KILN_PLANS": ("plans", _flag),
+    "KILN_GC_FREEZE": ("gc_freeze", _flag),
 }
 
 _FIELDS = {f.name for f in dataclasses.fields(Config)}

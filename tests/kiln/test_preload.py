@@ -3,7 +3,9 @@ backend is looked up."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 
 from kiln import preload
 
@@ -37,3 +39,21 @@ def test_a_module_another_version_lacks_is_skipped(monkeypatch) -> None:
     preload.import_compiler()
     assert "torch._no_such_module_here" not in sys.modules
     assert "compiler._no_such_module_here" not in sys.modules
+
+
+def test_freezing_collects_first_and_leaves_later_objects_to_the_collector() -> None:
+    class Cycle:
+        pass
+
+    garbage = Cycle()
+    garbage.me = garbage
+    gone = weakref.ref(garbage)
+    del garbage
+    try:
+        preload.freeze_heap()
+        assert gc.get_freeze_count() > 0
+        assert gone() is None  # collected, not frozen
+        later = [object()]
+        assert gc.is_tracked(later) and any(o is later for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
