@@ -132,21 +132,17 @@ def _start_compile_workers(expect_binaries: bool) -> None:
 
 def _warm_up_early() -> None:
     """When the backend is looked up (`torch.compile(..., backend="kiln")` imports this
-    module), start the one-time work of a first compile that touches no device: Triton's
-    hash of itself (0.5-1 s), which the first kernel load needs, in a child process
-    (`compiler.runtime.triton_key`: on a thread here it slowed dynamo's tracing more than it
-    cost), dynamo's and kiln's own first-compile imports on this thread (`kiln.preload`, as
-    looking Inductor up does) and a frozen heap (`preload.freeze_heap`), and on a thread of its own kiln's decomposition table (0.1-0.2 s),
-    which AOTAutograd or a plan's lowering needs. The model's first step is usually seconds away.
-    The device is left alone: which one this process uses may not be set yet (`_prepare`
-    makes the driver at the first compile)."""
+    module), do the one-time work of a first compile that touches no device, as looking
+    Inductor up does its own: Triton's hash of itself (0.5-1 s), which the first kernel load
+    needs, in a child process (`compiler.runtime.triton_key`: on a thread here it slowed
+    dynamo's tracing more than it cost); on this thread dynamo's and kiln's own
+    first-compile imports (`kiln.preload`), kiln's decomposition table (0.1-0.2 s, which
+    AOTAutograd or a plan's lowering needs; on a thread of its own it ran beside the first
+    step's trace, which usually follows `torch.compile` at once, and slowed it as much) and
+    a frozen heap (`preload.freeze_heap`). The device is left alone: which one this process
+    uses may not be set yet (`_prepare` makes the driver at the first compile)."""
     if not torch.cuda.is_available():
         return
-    # Imported on this thread: an import on two threads at once can hand one a half-made module.
-    import triton.runtime.cache  # noqa: F401
-    from torch import _decomp  # noqa: F401
-    from torch.export import decomp_utils  # noqa: F401
-
     from compiler.runtime import triton_key
     from compiler.runtime.execution import runs_on_cpu
     from kiln import preload
@@ -156,21 +152,17 @@ def _warm_up_early() -> None:
     triton_key.start()
     preload.prime_dynamo()
     preload.import_compiler()
+    with degrade.timed("prepare"):
+        try:
+            compiler.decompositions()
+        except Exception as exc:  # noqa: BLE001 - the first compile pays for it instead
+            log.debug("kiln: early warm-up failed: %s: %s", type(exc).__name__, exc)
     try:
         freeze = kiln_config.current().gc_freeze
     except ValueError:  # a bad setting: named by the first compile, which then runs eagerly
         freeze = False
     if freeze:
         preload.freeze_heap()
-
-    def run() -> None:
-        with degrade.timed("prepare"):
-            try:
-                compiler.decompositions()
-            except Exception as exc:  # noqa: BLE001 - the first compile pays for it instead
-                log.debug("kiln: early warm-up failed: %s: %s", type(exc).__name__, exc)
-
-    threading.Thread(target=run, name="kiln-warm-up", daemon=True).start()
 
 
 def _prepare(start_workers: bool) -> None:
