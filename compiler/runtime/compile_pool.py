@@ -596,10 +596,28 @@ def check_binary_files(key: str, files: dict[str, bytes]) -> str | None:
     return None
 
 
+def _file_cache_dir(key: str) -> str | None:
+    """The directory Triton's own file cache keeps `key` in (its cache directory, then the
+    key in base32, as `get_cache_manager` names it), without making it as a cache manager
+    does; None where another cache manager is configured or this Triton names it otherwise."""
+    try:
+        from triton import knobs
+        from triton.runtime.cache import _base32
+    except ImportError:
+        return None
+    if knobs.cache.manager_class is not None or not knobs.cache.dir:
+        return None
+    return os.path.join(knobs.cache.dir, _base32(key))
+
+
 def is_cached(key: str, fn_name: str) -> bool:
-    """Whether Triton's cache holds a loadable binary under `key` for kernel `fn_name`."""
+    """Whether Triton's cache holds a loadable binary under `key` for kernel `fn_name`
+    (where Triton's own file cache has no directory for the key, without making one)."""
     from triton.runtime.cache import get_cache_manager
 
+    directory = _file_cache_dir(key)
+    if directory is not None and not os.path.isdir(directory):
+        return False
     metadata = f"{fn_name[:150]}.json"
     group = get_cache_manager(key).get_group(metadata)
     return bool(group) and metadata in group
@@ -609,24 +627,27 @@ def install_binary(key: str, files: dict[str, bytes]) -> None:
     """Write a binary's files (checked by `check_binary_files`; raises ValueError
     otherwise) into Triton's cache under `key`, with the group record that makes the JIT
     find them: its next launch with that specialisation loads them without compiling.
-    Into Triton's own file cache, whose directory for the key is empty, they go at once
-    (`_install_at_once`); otherwise through the cache manager, file by file."""
-    from triton.runtime.cache import FileCacheManager, get_cache_manager
+    Into Triton's own file cache, where the key has no directory or an empty one, they go
+    at once (`_install_at_once`); otherwise through the cache manager, file by file."""
+    from triton.runtime.cache import get_cache_manager
 
     why = check_binary_files(key, files)
     if why is not None:
         raise ValueError(why)
+    directory = _file_cache_dir(key)
+    if directory is not None:
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        if _install_at_once(directory, files):
+            return
     manager = get_cache_manager(key)
-    if type(manager) is FileCacheManager and _install_at_once(manager.cache_dir, files):
-        return
     group = {name: manager.put(data, name, binary=True) for name, data in sorted(files.items())}
     manager.put_group(next(n for n in files if n.endswith(".json")), group)
 
 
 def _install_at_once(directory: str, files: dict[str, bytes]) -> bool:
     """Write a binary's files and group record as Triton's file cache lays them out into a
-    fresh directory beside `directory`, then rename it over `directory`, which must be
-    empty: one rename where the manager's `put` makes, renames into place and removes a
+    fresh directory beside `directory`, then rename it to `directory`, which must be
+    absent or empty: one rename where the manager's `put` makes, renames into place and removes a
     temporary directory per file (37 file system calls a binary: on an H200 host's disk,
     most of installing a graph's binaries). False, having changed nothing, when `directory`
     holds anything (another process's files) or a write fails."""
@@ -644,7 +665,7 @@ def _install_at_once(directory: str, files: dict[str, bytes]) -> bool:
                     view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
-        os.rename(staging, directory)  # replaces an empty directory, refuses a full one
+        os.rename(staging, directory)  # also over an empty directory; never over a full one
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
         return False

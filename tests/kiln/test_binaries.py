@@ -101,6 +101,15 @@ def test_an_installed_binary_is_laid_out_as_tritons_own_put_writes_it(tmp_path: 
     assert sorted(p.name for p in (tmp_path / "fast").iterdir()) == [Path(fast.cache_dir).name]
 
 
+def test_asking_whether_a_binary_is_cached_makes_no_directory(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert not compile_pool.is_cached(KEY, "k_1234")
+    assert list(tmp_path.iterdir()) == []  # a cache manager would have made the key's
+    compile_pool.install_binary(KEY, _files())
+    assert compile_pool.is_cached(KEY, "k_1234")
+
+
 def test_a_binary_beside_anothers_files_goes_through_the_cache_manager(tmp_path: Path,
                                                                         monkeypatch) -> None:
     from triton.runtime.cache import get_cache_manager
