@@ -21,12 +21,13 @@ with Inductor against 1.5-1.9 s with kiln on an H200 host, before this module).
   their first use (kiln's compiler; Triton's JIT binder imports `triton.experimental.gluon`,
   51 modules, at the first kernel it specialises): 0.2 s on the CI machine with bytecode
   caches, more without; on a service hit they were imported on the compiling threads.
-
 - `freeze_heap`: a full collection of the cyclic garbage collector visits every object the
-  process holds (torch, Triton, kiln, the model: 350,000 objects or more), 0.2-0.3 s each,
-  and the allocations of dynamo's first trace and of a first compile start one now and
-  then; landing in the first step, one made its trace 0.2-0.3 s slower (resnet18 on an
-  H200 host: dynamo's `create_proxy` 0.28-0.38 s against 0.07-0.11). After one collection
+  process holds (torch, Triton, kiln, the model: 350,000 objects or more), and the
+  allocations of dynamo's first trace and of a first compile start one now and then, when
+  enough new objects have piled up since the last: on the CI machine a first trace of GPT
+  or resnet18 met one of 0.20-0.26 s when nothing was looked up before it; on an H200 host
+  dynamo's `create_proxy`, where such a collection landed, took 0.28-0.38 s in kiln's
+  processes before this and 0.07-0.13 s after (Inductor's: 0.09-0.11). After one collection
   of what the imports left, `gc.freeze()` moves everything the process holds to the
   collector's permanent generation, which later collections skip (still freed when no
   longer referenced; only cycles among those objects stay). `KILN_GC_FREEZE=0` leaves
