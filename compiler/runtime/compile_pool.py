@@ -451,7 +451,8 @@ def start() -> None:
 
 def prepare_loading() -> None:
     """Pay, ahead of the first precompile, what loading this process's first kernel costs
-    once: Triton's cache key of itself (`triton_key.ensure`) and its CUDA driver (which builds a
+    once: Triton's cache key of itself (`triton_key.ensure`), its backend's part of every
+    kernel's key (`backend_hash`) and its CUDA driver (which builds a
     utility module with the C compiler when Triton's cache lacks it, unless it is
     `static_launch.lazy_driver`'s, which defers that to a use that kernels launched through
     torch's static launcher never make). The client runs this on a thread of its own while
@@ -462,7 +463,18 @@ def prepare_loading() -> None:
 
     triton_key.ensure()
     static_launch.lazy_driver()  # before the line below makes Triton's driver
-    driver.active.get_current_target()
+    backend_hash(driver.active.get_current_target())
+
+
+def backend_hash(target: Any) -> None:
+    """Pay what the first cache key of a kernel for `target` asks of Triton's backend once
+    (the NVIDIA one runs `ptxas --version` twice, 20-40 ms of waiting, and hashes libdevice;
+    each cached for the process), so that the first specialisation does not wait for it."""
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(target)
+    backend.hash()
+    backend.parse_options({}).hash()
 
 
 def _forget_after_fork() -> None:

@@ -127,3 +127,22 @@ def test_the_loader_hashes_triton_with_a_short_switch_interval_and_restores_it(m
     compile_pool.prepare_loading()
     assert seen[0] == pytest.approx(min(before, triton_key.HASHING_SWITCH_INTERVAL))
     assert sys.getswitchinterval() == before
+
+
+def test_the_backends_part_of_a_cache_key_is_paid_ahead(monkeypatch) -> None:
+    """After `backend_hash`, a kernel's first cache key runs no `ptxas --version`."""
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+
+    compile_pool.backend_hash(GPUTarget("cuda", 90, 32))
+    spawned = []
+    real = subprocess.Popen.__init__
+    monkeypatch.setattr(subprocess.Popen, "__init__",
+                        lambda self, *a, **k: spawned.append(a) or real(self, *a, **k))
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    backend.hash()
+    backend.parse_options({"num_warps": 8}).hash()
+    assert spawned == []
