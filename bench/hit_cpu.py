@@ -144,6 +144,7 @@ def measure(model: str, graphs: list[Path]) -> dict[str, dict[str, float]]:
     compiler.decompositions()  # the backend's warm-up thread builds it before the first step
     driver.set_active(compile_pool.StandInDriver(90))
     triton_key.ensure()  # a child's work on a hit, not the compiling threads'
+    compile_pool.backend_hash(driver.active.get_current_target())  # the client's kiln-prepare thread's
     gc.disable()
     return {p.stem: _phases(p.read_text(), target) for p in graphs}
 
