@@ -608,10 +608,19 @@ def check_binary_files(key: str, files: dict[str, bytes]) -> str | None:
     return None
 
 
+# Whether Triton's own cache manager found the first binary written at once where
+# `_file_cache_dir` said (None: not written yet in this process; False: it did not, and
+# binaries go through the manager from then on).
+_layout_confirmed: bool | None = None
+
+
 def _file_cache_dir(key: str) -> str | None:
     """The directory Triton's own file cache keeps `key` in (its cache directory, then the
     key in base32, as `get_cache_manager` names it), without making it as a cache manager
-    does; None where another cache manager is configured or this Triton names it otherwise."""
+    does; None where another cache manager is configured or this Triton names it otherwise
+    (imports, or the first binary's check in `install_binary`)."""
+    if _layout_confirmed is False:
+        return None
     try:
         from triton import knobs
         from triton.runtime.cache import _base32
@@ -640,20 +649,31 @@ def install_binary(key: str, files: dict[str, bytes]) -> None:
     otherwise) into Triton's cache under `key`, with the group record that makes the JIT
     find them: its next launch with that specialisation loads them without compiling.
     Into Triton's own file cache, where the key has no directory or an empty one, they go
-    at once (`_install_at_once`); otherwise through the cache manager, file by file."""
+    at once (`_install_at_once`; the process's first such binary is looked up through
+    Triton's own manager, and should it not be found there, that one and all later ones go
+    through the manager); otherwise through the cache manager, file by file."""
+    global _layout_confirmed
     from triton.runtime.cache import get_cache_manager
 
     why = check_binary_files(key, files)
     if why is not None:
         raise ValueError(why)
+    metadata = next(n for n in files if n.endswith(".json"))
     directory = _file_cache_dir(key)
     if directory is not None:
         os.makedirs(os.path.dirname(directory), exist_ok=True)
         if _install_at_once(directory, files):
-            return
+            if _layout_confirmed:
+                return
+            _layout_confirmed = bool(get_cache_manager(key).get_group(metadata))
+            if _layout_confirmed:
+                return
+            log.warning("kiln: Triton's cache did not find a binary where kiln wrote it; "
+                        "writing binaries through Triton's cache manager")
+            shutil.rmtree(directory, ignore_errors=True)
     manager = get_cache_manager(key)
     group = {name: manager.put(data, name, binary=True) for name, data in sorted(files.items())}
-    manager.put_group(next(n for n in files if n.endswith(".json")), group)
+    manager.put_group(metadata, group)
 
 
 def _install_at_once(directory: str, files: dict[str, bytes]) -> bool:

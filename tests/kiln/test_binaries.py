@@ -101,6 +101,23 @@ def test_an_installed_binary_is_laid_out_as_tritons_own_put_writes_it(tmp_path: 
     assert sorted(p.name for p in (tmp_path / "fast").iterdir()) == [Path(fast.cache_dir).name]
 
 
+def test_a_layout_tritons_manager_does_not_read_is_given_up_after_the_first_binary(
+        tmp_path: Path, monkeypatch, caplog) -> None:
+    from triton.runtime import cache
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setattr(compile_pool, "_layout_confirmed", None)
+    # A Triton whose manager names a key's directory otherwise than kiln expects.
+    monkeypatch.setattr(cache, "get_cache_manager", lambda key: cache.FileCacheManager(key.upper()))
+    with caplog.at_level("WARNING"):
+        compile_pool.install_binary(KEY, _files())
+        compile_pool.install_binary("e" * 64, _files("e" * 64))
+    assert compile_pool._layout_confirmed is False
+    assert compile_pool.is_cached(KEY, "k_1234") and compile_pool.is_cached("e" * 64, "k_1234")
+    assert sorted(p.name for p in (tmp_path / "triton").iterdir()) == [KEY.upper(), "E" * 64]
+    assert sum("through Triton's cache manager" in r.message for r in caplog.records) == 1
+
+
 def test_asking_whether_a_binary_is_cached_makes_no_directory(tmp_path: Path,
                                                               monkeypatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
