@@ -662,7 +662,7 @@ def install_binary(key: str, files: dict[str, bytes]) -> None:
     directory = _file_cache_dir(key)
     if directory is not None:
         os.makedirs(os.path.dirname(directory), exist_ok=True)
-        if _install_at_once(directory, files):
+        if _install_at_once(directory, files, metadata):
             if _layout_confirmed:
                 return
             _layout_confirmed = bool(get_cache_manager(key).get_group(metadata))
@@ -676,16 +676,16 @@ def install_binary(key: str, files: dict[str, bytes]) -> None:
     manager.put_group(metadata, group)
 
 
-def _install_at_once(directory: str, files: dict[str, bytes]) -> bool:
+def _install_at_once(directory: str, files: dict[str, bytes], metadata: str) -> bool:
     """Write a binary's files and group record as Triton's file cache lays them out into a
     fresh directory beside `directory`, then rename it to `directory`, which must be
     absent or empty: one rename where the manager's `put` makes, renames into place and removes a
     temporary directory per file (37 file system calls a binary: on an H200 host's disk,
     most of installing a graph's binaries). False, having changed nothing, when `directory`
-    holds anything (another process's files) or a write fails."""
-    meta = next(n for n in files if n.endswith(".json"))
+    holds anything (another process's files) or a write fails. `metadata`: the name of the
+    binary's metadata file, which names its group record."""
     group = {name: os.path.join(directory, name) for name in sorted(files)}
-    contents = {**files, f"__grp__{meta}": json.dumps({"child_paths": group}).encode()}
+    contents = {**files, f"__grp__{metadata}": json.dumps({"child_paths": group}).encode()}
     staging = f"{directory}.tmp.pid_{os.getpid()}_{os.urandom(8).hex()}"
     try:
         os.mkdir(staging)

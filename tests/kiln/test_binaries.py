@@ -88,7 +88,7 @@ def test_an_installed_binary_is_laid_out_as_tritons_own_put_writes_it(tmp_path: 
         compile_pool.install_binary(KEY, _files())
     fast = get_cache_manager(KEY)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "slow"))
-    monkeypatch.setattr(compile_pool, "_install_at_once", lambda directory, files: False)
+    monkeypatch.setattr(compile_pool, "_install_at_once", lambda directory, files, metadata: False)
     compile_pool.install_binary(KEY, _files())
     slow = get_cache_manager(KEY)
     for manager, root in ((fast, "fast"), (slow, "slow")):
