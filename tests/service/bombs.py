@@ -42,7 +42,9 @@ def expand_sum(n: int) -> dict[str, Any]:
 def bicubic_chain(count: int, size: int = 64) -> dict[str, Any]:
     """`count` independent `upsample_bicubic2d` nodes of one [1, 1, size, size] input, to
     [size, size + i] for node i: cheap to send, each priced high by wire validation, no two
-    alike (validation runs a repeated op on the same arguments once)."""
+    alike (validation runs a repeated op on the same arguments once). Its memo outlives a
+    graph (a service's serves every submission), so chains meant to cost their full price
+    in one process take distinct `size`s: no node of one is a node of another."""
     shape = [1, 1, size, size]
     nodes = [{"name": f"up{i}", "op": "aten.upsample_bicubic2d.default",
               "args": [{"ref": "x"}, [size, size + i], False], "kwargs": {},
