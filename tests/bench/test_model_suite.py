@@ -31,6 +31,7 @@ def test_the_model_suite_measures_eager_and_kiln(tmp_path: Path) -> None:
     assert kiln["host_ms"] > 0 and kiln["gpu_ms"] is None  # no GPU here
     # where the first step went: dynamo's phases, kiln's steps per thread on kiln's clock
     assert "create_aot_dispatcher_function" in kiln["dynamo_compile_times"]
+    assert all(isinstance(name, str) for name in kiln["first_step_imports"])
     timeline = kiln["kiln_timeline"]
     assert [s["step"] for s in timeline["steps"]].count("build") == 2
     assert all(s["start"] >= timeline["first_step_start"] for s in timeline["steps"])
@@ -137,3 +138,31 @@ def test_kiln_warm_runs_on_the_caches_the_service_hit_filled(monkeypatch, tmp_pa
     for var in ("KILN_CACHE_DIR", "TRITON_CACHE_DIR", "KILN_KERNEL_DIR"):
         assert envs["kiln_warm"][var] == envs["kiln_tuned"][var]
         assert Path(envs["inductor_warm"][var]).name.startswith("gpt2-train-inductor-")
+
+
+def test_first_repeats_take_the_median_of_fresh_hits_and_warm_runs(monkeypatch,
+                                                                   tmp_path: Path) -> None:
+    import argparse
+
+    from bench import model_suite
+
+    calls: list[tuple[str, str]] = []
+    firsts = iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0, 9.0])
+
+    def run(cmd, env, **kwargs):
+        path = cmd[cmd.index("--path") + 1]
+        calls.append((path, env["KILN_CACHE_DIR"]))
+        record = {"path": path, "first_s": next(firsts)}
+        return subprocess.CompletedProcess(cmd, 0, stdout=model_suite.RESULT_MARK + json.dumps(record))
+
+    monkeypatch.setattr(model_suite.subprocess, "run", run)
+    args = argparse.Namespace(device="cpu", iters=1, small=True, timeout=1.0, first_repeats=3)
+    hit = model_suite._measure_first(args, tmp_path, "gpt2", "train", "kiln_tuned", {})
+    assert hit["first_samples"] == [3.0, 1.0, 2.0] and hit["first_s"] == 2.0
+    hit_caches = [cache for _, cache in calls]
+    assert len(set(hit_caches)) == 3  # each repeat a fresh client: a hit, not a warm restart
+    warm = model_suite._measure_first(args, tmp_path, "gpt2", "train", "inductor_warm", {})
+    assert warm["first_samples"] == [5.0, 4.0, 6.0] and warm["first_s"] == 5.0
+    assert len({cache for _, cache in calls[3:]}) == 1  # on the caches `inductor` filled
+    cold = model_suite._measure_first(args, tmp_path, "gpt2", "train", "inductor", {})
+    assert cold["first_s"] == 9.0 and "first_samples" not in cold  # a cold path runs once
