@@ -17,8 +17,9 @@ the CPU, for an sm_90 target, so that it can be measured where there is no GPU t
    loads binaries; loading them needs a GPU, so it is not measured).
 
 Prints each phase's CPU seconds per graph (the median over the processes) and the total.
-Models: `resnet18` (torchvision's layout in plain torch, bf16, `--batch` x 3 x 224 x 224)
-and `gpt` (examples/models.py's GPT, 6 layers). The cyclic GC is off in the measured
+Models: `resnet18` (torchvision's layout in plain torch, bf16, `--batch` x 3 x 224 x 224),
+`gpt` (examples/models.py's GPT, 6 layers) and `gpt2` (the model suite's HF GPT-2, 6 x 768,
+`--batch` (at most 8) x 512 tokens; needs `transformers`). The cyclic GC is off in the measured
 processes, as kiln's `gc_paused` has it while it compiles, and each first looks the backend
 up (`kiln.preload`) and has dynamo trace the model's forward at a small batch, as a hit's
 process has before kiln's work starts.
@@ -91,8 +92,31 @@ def _gpt(batch: int, px: int) -> tuple[Any, list[Any]]:  # noqa: ARG001 - images
     return GPT(cfg), [torch.randint(0, cfg.vocab, (batch, cfg.seq)) for _ in range(2)]
 
 
+def _hf_gpt2(batch: int, px: int) -> tuple[Any, list[Any]]:  # noqa: ARG001 - images only
+    """The model suite's HF GPT-2 (6 x 768, sequence 512, bf16); needs `transformers`."""
+    import torch
+
+    from bench.models import MODELS as SUITE
+
+    module, inputs = SUITE["gpt2"].make(torch.device("cpu"), False)
+    forward = SUITE["gpt2"].forward
+
+    class LastHidden(torch.nn.Module):  # the suite's step: a tensor out, not a ModelOutput
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = module
+
+        def forward(self, ids: Any) -> Any:
+            return forward(self.model, [ids])
+
+    return LastHidden(), [inputs[0][:batch]]
+
+
 # Each model and its inputs, seeded: (batch, image side) -> (module, inputs).
-MODELS: dict[str, Callable[[int, int], tuple[Any, list[Any]]]] = {"resnet18": _resnet18, "gpt": _gpt}
+MODELS: dict[str, Callable[[int, int], tuple[Any, list[Any]]]] = {
+    "resnet18": _resnet18, "gpt": _gpt, "gpt2": _hf_gpt2}
+
+THROUGH_DYNAMO = ("gpt2",)  # captured as torch.compile does (its Python reads tensor values)
 
 
 def _seeded(model: str, batch: int, px: int) -> tuple[Any, list[Any]]:
@@ -108,7 +132,8 @@ def capture(model: str, batch: int, out: Path) -> list[str]:
     import compiler
     from compiler.lowering.tracing import trace_training
 
-    fwd, bwd, fwd_in, bwd_in = trace_training(*_seeded(model, batch, 224))
+    fwd, bwd, fwd_in, bwd_in = trace_training(*_seeded(model, batch, 224),
+                                              through_dynamo=model in THROUGH_DYNAMO)
     names = []
     for name, gm, example in (("forward", fwd, fwd_in), ("backward", bwd, bwd_in)):
         (out / f"{name}.json").write_text(json.dumps(compiler.to_wire(gm, example)))

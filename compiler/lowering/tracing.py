@@ -86,7 +86,8 @@ def trace_inference(
 
 
 def trace_training(
-    module: nn.Module | Callable[..., Any], example_inputs: Sequence[Any]
+    module: nn.Module | Callable[..., Any], example_inputs: Sequence[Any],
+    through_dynamo: bool = False,
 ) -> tuple[fx.GraphModule, fx.GraphModule, list[Any], list[Any]]:
     """The forward and backward aten graphs of one training step, and their inputs.
 
@@ -94,17 +95,26 @@ def trace_training(
     output that requires grad, so the backward graph's inputs (saved activations +
     tangents) are real tensors; parameters' `.grad` stay untouched (a train-mode forward
     still updates BatchNorm running stats). Returns `(fwd_gm, bwd_gm, fwd_inputs, bwd_inputs)`.
+    `through_dynamo`: AOTAutograd runs on dynamo's graph of the module (one graph, no break),
+    as under `torch.compile`: a module whose Python reads tensor values (Hugging Face's
+    models check masks and inputs) cannot be traced by AOTAutograd alone.
     """
     fwd, bwd = _Capture(), _Capture()
     with torch.enable_grad():
         wrapped = _TupleOutputs(module)
-        compiled = aot_module_simplified(
-            wrapped,
-            list(example_inputs),
-            fw_compiler=fwd,
-            bw_compiler=bwd,
-            decompositions=decompositions(),
-        )
+        if through_dynamo:
+            from torch._dynamo.backends.common import aot_autograd
+
+            compiled = torch.compile(wrapped, fullgraph=True, backend=aot_autograd(
+                fw_compiler=fwd, bw_compiler=bwd, decompositions=decompositions()))
+        else:
+            compiled = aot_module_simplified(
+                wrapped,
+                list(example_inputs),
+                fw_compiler=fwd,
+                bw_compiler=bwd,
+                decompositions=decompositions(),
+            )
         outputs = [t for t in flat_tensors(compiled(*example_inputs)) if t.requires_grad]
         if not outputs:
             raise ValueError("no output requires grad: nothing to train")
