@@ -143,12 +143,20 @@ def _warm_up_early() -> None:
     uses may not be set yet (`_prepare` makes the driver at the first compile)."""
     if not torch.cuda.is_available():
         return
-    from compiler.runtime import triton_key
     from compiler.runtime.execution import runs_on_cpu
-    from kiln import preload
 
     if runs_on_cpu():  # the interpreter loads no kernel binaries
         return
+    warm_up()
+
+
+def warm_up() -> None:
+    """The lookup's one-time work (`_warm_up_early`), whatever the device: where kernels
+    load it runs when this module is imported; `bench.trace_probe` runs it on any machine
+    to measure what it does to dynamo's first trace."""
+    from compiler.runtime import triton_key
+    from kiln import preload
+
     triton_key.start()
     preload.prime_dynamo()
     preload.import_compiler()
