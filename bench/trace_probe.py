@@ -116,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     for lookup, row in medians.items():
         print(f"{lookup:<10}" + "".join(f"{row.get(f, float('nan')):>18.3f}" for f in fields))
     if args.out:
-        args.out.write_text(json.dumps({"model": args.model, "step": args.step,
+        import torch
+
+        args.out.write_text(json.dumps({"command": " ".join(["python -m bench.trace_probe",
+                                                             *sys.argv[1:]]),
+                                        "torch": torch.__version__,
+                                        "model": args.model, "step": args.step,
                                         "device": args.device, "medians": medians,
                                         "samples": samples}, indent=1) + "\n")
     return 0
