@@ -51,6 +51,7 @@ FIRST_TRACE_IMPORTS = ("torch.distributed.tensor.experimental._func_map",)
 COMPILER_IMPORTS = (
     "compiler.lowering.frontend", "compiler.scheduling.heuristics", "compiler.runtime.built",
     "compiler.runtime.launcher", "compiler.runtime.static_launch", "compiler.wire.plan",
+    "compiler.wire.keys",  # a dynamo graph's plan key
     "kiln.plans", "kiln.resolve",
     "triton.compiler.compiler", "triton.experimental.gluon",
 )
