@@ -116,6 +116,7 @@ def _hf_gpt2(batch: int, px: int) -> tuple[Any, list[Any]]:  # noqa: ARG001 - im
 MODELS: dict[str, Callable[[int, int], tuple[Any, list[Any]]]] = {
     "resnet18": _resnet18, "gpt": _gpt, "gpt2": _hf_gpt2}
 
+SUITE_MODELS = ("gpt2",)  # made by bench.models: the package it needs is checked first
 THROUGH_DYNAMO = ("gpt2",)  # captured as torch.compile does (its Python reads tensor values)
 
 
@@ -203,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the full figures as JSON")
     parser.add_argument("--measure", nargs="+", type=Path, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
+    from bench.models import missing_package
+
+    needed = missing_package(args.model) if args.model in SUITE_MODELS else None
+    if needed:
+        parser.error(f"--model {args.model} needs the {needed} package")
     if args.measure:
         print(MARK + json.dumps(measure(args.model, args.measure)), flush=True)
         return 0

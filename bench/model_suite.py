@@ -305,14 +305,19 @@ def _compile_bytecode() -> None:
         compileall.compile_dir(str(ROOT / package), quiet=1)
 
 
+def _case_list(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The (model, step) pairs to measure: --cases, else every --models x --steps pair."""
+    return args.cases or [(m, s) for m in args.models for s in args.steps
+                          if not (m in TRAIN_ONLY and s == "infer")]
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     import torch
 
     from bench.flow import _fmt
 
     _compile_bytecode()
-    cases = args.cases or [(m, s) for m in args.models for s in args.steps
-                           if not (m in TRAIN_ONLY and s == "infer")]
+    cases = _case_list(args)
     workdir = Path(tempfile.mkdtemp(prefix="kiln-models-"))
     print(f"model suite: {len(cases)} cases ({', '.join(f'{m}.{s}' for m, s in cases)}) x "
           f"{len(args.paths)} paths; logs in {workdir}", flush=True)
@@ -412,7 +417,7 @@ def _cases(text: str) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.models import add_case_arguments
+    from bench.models import add_case_arguments, missing_package
 
     parser = argparse.ArgumentParser(prog="python -m bench.model_suite",
                                      description=__doc__.splitlines()[0])
@@ -460,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown paths {unknown}; choose from {', '.join(PATHS + EXTRA_PATHS)}")
     if "kiln_warm" in args.paths and "kiln_tuned" not in args.paths:
         parser.error("kiln_warm runs on the caches kiln_tuned fills: add kiln_tuned to --paths")
+    missing = sorted({f"{m} needs {missing_package(m)}" for m, _ in _case_list(args)
+                      if missing_package(m)})
+    if missing:
+        parser.error(f"missing packages: {'; '.join(missing)}")
     return orchestrate(args)
 
 

@@ -74,6 +74,19 @@ MODELS: dict[str, ModelCase] = {
 STEPS = ("infer", "train")
 
 
+# The packages a model of the set is made with, beyond torch (none: the model is this project's).
+NEEDS = {"gpt2": "transformers", "resnet18": "timm", "vit_b16": "timm"}
+
+
+def missing_package(model: str) -> str | None:
+    """The package `model` is made with when this Python cannot import it, else None: the
+    benchmarks name it before starting processes that would each fail on the import."""
+    import importlib.util
+
+    package = NEEDS.get(model)
+    return package if package and importlib.util.find_spec(package) is None else None
+
+
 def instantiate(model: str, device: torch.device, small: bool
                 ) -> tuple[ModelCase, nn.Module, list[torch.Tensor]]:
     """A case of the set with its module and inputs, seeded (every process draws the same)."""

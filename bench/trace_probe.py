@@ -71,7 +71,7 @@ def probe(model: str, step: str, device_name: str, small: bool, lookup: str) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.models import MODELS, STEPS
+    from bench.models import MODELS, STEPS, missing_package
 
     parser = argparse.ArgumentParser(prog="python -m bench.trace_probe",
                                      description=__doc__.splitlines()[0])
@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.lookups) - set(LOOKUPS))
     if unknown:
         parser.error(f"unknown lookups {unknown}; choose from {', '.join(LOOKUPS)}")
+    if missing_package(args.model):
+        parser.error(f"--model {args.model} needs the {missing_package(args.model)} package")
     if args.probe:
         record = probe(args.model, args.step, args.device, args.small, args.probe)
         print(MARK + json.dumps(record), flush=True)

@@ -1,0 +1,27 @@
+"""The model set's packages (`bench.models.missing_package`): every benchmark names a missing
+one before it starts a measuring process."""
+
+from __future__ import annotations
+
+import subprocess
+
+
+def test_a_model_whose_package_is_missing_is_named_before_any_process_starts(
+        monkeypatch, capsys) -> None:
+    import pytest
+
+    from bench import hit_cpu, model_suite, models, trace_probe
+
+    monkeypatch.setitem(models.NEEDS, "gpt2", "kiln_no_such_package")
+    assert models.missing_package("gpt2") == "kiln_no_such_package"
+    assert models.missing_package("gpt_block_train") is None  # this project's own model
+    started = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: started.append(a))
+    for main, args in ((trace_probe.main, ["--model", "gpt2"]),
+                       (hit_cpu.main, ["--model", "gpt2"]),
+                       (model_suite.main, ["--cases", "gpt2.train,gpt_block_train.train"])):
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        assert stop.value.code == 2
+        assert "kiln_no_such_package" in capsys.readouterr().err
+    assert not started
