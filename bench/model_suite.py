@@ -465,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown paths {unknown}; choose from {', '.join(PATHS + EXTRA_PATHS)}")
     if "kiln_warm" in args.paths and "kiln_tuned" not in args.paths:
         parser.error("kiln_warm runs on the caches kiln_tuned fills: add kiln_tuned to --paths")
-    missing = sorted({f"{m} needs {missing_package(m)}" for m, _ in _case_list(args)
-                      if missing_package(m)})
+    missing = sorted({f"{m} needs {package}" for m, _ in _case_list(args)
+                      if (package := missing_package(m))})
     if missing:
         parser.error(f"missing packages: {'; '.join(missing)}")
     return orchestrate(args)

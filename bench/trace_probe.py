@@ -40,11 +40,10 @@ def _look_up(lookup: str, module: Any) -> None:
     import torch
 
     if lookup == "kiln":
+        torch.compile(module, backend="kiln")  # the entry point: imports kiln.backend
         from kiln import backend
 
-        torch.compile(module, backend="kiln")  # the entry point: imports kiln.backend
-        if not torch.cuda.is_available():  # the import warmed up only where kernels load
-            backend.warm_up()
+        backend.warm_up()  # where kernels load the import ran it; then this does nothing
     elif lookup == "inductor":
         torch.compile(module)  # Inductor's wrapper: its config and compiler imported
 
@@ -88,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.lookups) - set(LOOKUPS))
     if unknown:
         parser.error(f"unknown lookups {unknown}; choose from {', '.join(LOOKUPS)}")
-    if missing_package(args.model):
-        parser.error(f"--model {args.model} needs the {missing_package(args.model)} package")
+    needed = missing_package(args.model)
+    if needed:
+        parser.error(f"--model {args.model} needs the {needed} package")
     if args.probe:
         record = probe(args.model, args.step, args.device, args.small, args.probe)
         print(MARK + json.dumps(record), flush=True)

@@ -40,6 +40,7 @@ _resolvers: dict[kiln_config.Config, Resolver] = {}
 _threads: dict[str, Any] = {}  # "poller" and "compiler": each started on first use
 _compiled: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 _preparing: threading.Thread | None = None  # compile workers and loader: once per process
+_warmed_up = False  # `warm_up` ran in this process
 MAX_MODEL_NAME = 120  # the tag adds the graph's role; the service takes 200 characters
 
 
@@ -151,12 +152,17 @@ def _warm_up_early() -> None:
 
 
 def warm_up() -> None:
-    """The lookup's one-time work (`_warm_up_early`), whatever the device: where kernels
-    load it runs when this module is imported; `bench.trace_probe` runs it on any machine
-    to measure what it does to dynamo's first trace."""
+    """The lookup's one-time work (`_warm_up_early`), whatever the device, once per process:
+    where kernels load it runs when this module is imported; `bench.trace_probe` calls it on
+    any machine to measure what it does to dynamo's first trace."""
+    global _warmed_up
     from compiler.runtime import triton_key
     from kiln import preload
 
+    with _lock:
+        if _warmed_up:
+            return
+        _warmed_up = True
     triton_key.start()
     preload.prime_dynamo()
     preload.import_compiler()

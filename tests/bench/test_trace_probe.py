@@ -38,4 +38,3 @@ def test_each_lookup_is_traced_in_fresh_processes(tmp_path: Path) -> None:
 def test_an_unknown_lookup_is_refused(tmp_path: Path) -> None:
     done = _probe(tmp_path, "--lookups", "none,tvm")
     assert done.returncode == 2 and "unknown lookups ['tvm']" in done.stderr
-

@@ -236,13 +236,17 @@ def test_looking_the_backend_up_warms_up_what_needs_no_device(monkeypatch) -> No
     monkeypatch.setattr(preload, "prime_dynamo", lambda: primed.append("dynamo"))
     monkeypatch.setattr(preload, "import_compiler", lambda: primed.append("compiler"))
     monkeypatch.setattr(preload, "freeze_heap", lambda: primed.append("heap"))
+    monkeypatch.setattr(backend, "_warmed_up", False)  # each call below: a fresh process's
     backend._warm_up_early()
+    backend._warm_up_early()  # once per process
     assert primed == ["dynamo", "compiler", "heap"]  # the first compile's imports, on this thread
     monkeypatch.setenv("KILN_GC_FREEZE", "0")
     monkeypatch.setattr(triton_key, "_child", None)
+    monkeypatch.setattr(backend, "_warmed_up", False)
     backend._warm_up_early()
     assert primed[3:] == ["dynamo", "compiler"]  # the collector left alone
     monkeypatch.setenv("KILN_GC_FREEZE", "sometimes")  # a bad value: the first compile names it
+    monkeypatch.setattr(backend, "_warmed_up", False)
     backend._warm_up_early()
     assert primed[5:] == ["dynamo", "compiler"]
     assert triton_key._child is not None  # started, not yet waited for
