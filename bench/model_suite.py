@@ -233,6 +233,15 @@ def _measure_first(args: argparse.Namespace, workdir: Path, model: str, step: st
     return record
 
 
+def _progress(model: str, step: str, path: str, record: dict[str, Any]) -> None:
+    """One measured path, printed as soon as it is known: a run cut short by a time limit
+    still shows what it measured."""
+    samples = f" {record['first_samples']}" if "first_samples" in record else ""
+    print(f"  {model}.{step} {path}: {record.get('wall_ms')} ms/step; first step "
+          f"{record.get('first_s')} s{samples}; {record.get('kernels_compiled')} kernels "
+          f"compiled", flush=True)
+
+
 def _case_record(model: str, step: str, paths: dict[str, dict[str, Any]]) -> dict[str, Any]:
     record: dict[str, Any] = {"model": model, "step": step}
     for path, r in paths.items():
@@ -328,8 +337,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             extra = {"KILN_URL": "off"} if path == "kiln_heuristic" else {}
             results[(model, step)][path] = _measure_first(args, workdir, model, step, path,
                                                           extra)
-            print(f"  {model}.{step} {path}: {results[(model, step)][path].get('wall_ms')}",
-                  flush=True)
+            _progress(model, step, path, results[(model, step)][path])
     service_graphs: list[dict[str, Any]] = []
     if "kiln_tuned" in args.paths:
         service = _tuned_service(args, workdir, cases)
@@ -344,9 +352,11 @@ def orchestrate(args: argparse.Namespace) -> int:
                          "KILN_WAIT_TIMEOUT": str(args.timeout)}
                 results[(model, step)]["kiln_tuned"] = _measure_first(
                     args, workdir, model, step, "kiln_tuned", extra)
+                _progress(model, step, "kiln_tuned", results[(model, step)]["kiln_tuned"])
                 if "kiln_warm" in args.paths:  # the same node again: its caches now filled
                     results[(model, step)]["kiln_warm"] = _measure_first(
                         args, workdir, model, step, "kiln_warm", extra)
+                    _progress(model, step, "kiln_warm", results[(model, step)]["kiln_warm"])
                 for name, env in args.hit_variants.items():  # the same hit, other settings
                     hits[(model, step)][name] = {"env": env, **_measure(
                         args, workdir, model, step, "kiln_tuned", {**extra, **env},

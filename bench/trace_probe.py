@@ -40,7 +40,9 @@ def _look_up(lookup: str, module: Any) -> None:
     import torch
 
     if lookup == "kiln":
-        torch.compile(module, backend="kiln")  # the entry point: imports kiln.backend
+        import kiln  # as the model suite names it: no installed entry point needed
+
+        torch.compile(module, backend=kiln.remote_compile)
         from kiln import backend
 
         backend.warm_up()  # where kernels load the import ran it; then this does nothing
