@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 import compiler
+from compiler.runtime.gil import short_switch_interval
 from kiln import config as kiln_config
 from kiln import degrade, plans
 from kiln.background import Compiler
@@ -326,7 +327,9 @@ def _find(entry: CompiledGraph, resolver: Resolver) -> Any:
     from torch.utils._python_dispatch import _disable_current_modes
 
     answer = None
-    with degrade.timed("resolve"):
+    # Short switch interval: the search's file and network I/O (binaries installed, kernels
+    # loaded, the service's answers) runs beside other threads' Python (compiler/runtime/gil.py).
+    with degrade.timed("resolve"), short_switch_interval():
         try:
             with _disable_current_modes():
                 answer = resolver.resolve(entry)

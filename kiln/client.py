@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from compiler.runtime.gil import short_switch_interval
+
 log = logging.getLogger("kiln")
 
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
@@ -221,7 +223,14 @@ class ServiceClient:
 
     def _once(self, method: str, path: str, data: bytes | None,
               deadline: float) -> tuple[int, bytes]:
-        """One exchange, all of it (connect included) done by `deadline` or a timeout."""
+        """One exchange, all of it (connect included) done by `deadline` or a timeout, with
+        a short switch interval: on a first step it runs beside kiln's compiling threads,
+        and each receive would otherwise wait up to 5 ms for the GIL (compiler/runtime/gil.py)."""
+        with short_switch_interval():
+            return self._exchange(method, path, data, deadline)
+
+    def _exchange(self, method: str, path: str, data: bytes | None,
+                  deadline: float) -> tuple[int, bytes]:
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if data is not None:
             headers["Content-Type"] = "application/json"

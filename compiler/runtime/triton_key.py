@@ -22,8 +22,8 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+
+from compiler.runtime.gil import short_switch_interval
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ def ensure() -> str:
             if key is not None:
                 cache.triton_key = _returning(key)
             else:
-                with _short_switch_interval():
+                # Computed here, the hash reads the library in 1 MB chunks beside the tracing
+                # thread: 7.7 s instead of 0.5 s on the CI machine, 0.9 s with a short interval.
+                with short_switch_interval():
                     cache.triton_key()
             _known = True
     return cache.triton_key()
@@ -109,24 +111,6 @@ def _returning(key: str):  # noqa: ANN202 - stands in for Triton's own zero-argu
 def _child_env() -> dict[str, str]:
     # The key does not depend on the interpreter setting; the child only imports Triton.
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-
-
-# Computed here, the hash reads the library in 1 MB chunks (the GIL released for each) and
-# waits up to the switch interval (5 ms) to get the GIL back after every chunk while another
-# thread runs Python: 7.7 s instead of 0.5 s on this project's CI machine, 0.9 s with 0.2 ms.
-HASHING_SWITCH_INTERVAL = 0.0002
-
-
-@contextmanager
-def _short_switch_interval() -> Iterator[None]:
-    """The interpreter's thread switch interval at most HASHING_SWITCH_INTERVAL for the
-    block (process-wide; restored after, and never lengthened)."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, HASHING_SWITCH_INTERVAL))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
 
 
 def _forget_after_fork() -> None:

@@ -116,7 +116,7 @@ def test_the_loader_hashes_triton_with_a_short_switch_interval_and_restores_it(m
     import triton.runtime.cache as cache
     from triton.runtime.driver import driver
 
-    from compiler.runtime import triton_key
+    from compiler.runtime import gil, triton_key
 
     seen = []
     monkeypatch.setattr(triton_key, "_known", False)
@@ -125,7 +125,7 @@ def test_the_loader_hashes_triton_with_a_short_switch_interval_and_restores_it(m
     monkeypatch.setattr(driver, "_active", compile_pool.StandInDriver(90))
     before = sys.getswitchinterval()
     compile_pool.prepare_loading()
-    assert seen[0] == pytest.approx(min(before, triton_key.HASHING_SWITCH_INTERVAL))
+    assert seen[0] == pytest.approx(min(before, gil.SHORT_SWITCH_INTERVAL))
     assert sys.getswitchinterval() == before
 
 

@@ -42,6 +42,30 @@ def test_backend_is_registered_under_the_name_kiln():
     assert lookup_backend("kiln") is kiln.remote_compile
 
 
+def test_each_graph_is_resolved_with_a_short_switch_interval(monkeypatch):
+    """A graph's search installs binaries, loads kernels and waits on the service beside
+    other threads' Python (compiler/runtime/gil.py); the interval comes back after it."""
+    import sys
+
+    from compiler.runtime.gil import SHORT_SWITCH_INTERVAL
+    from kiln.resolve import Resolver
+
+    seen = []
+    real = Resolver.resolve
+
+    def resolve(self, entry):
+        seen.append(sys.getswitchinterval())
+        return real(self, entry)
+
+    monkeypatch.setattr(Resolver, "resolve", resolve)
+    kiln.configure(url=None)
+    before = sys.getswitchinterval()
+    train_mlp(steps=1)
+    assert len(seen) == 2  # forward and backward
+    assert seen == [pytest.approx(min(before, SHORT_SWITCH_INTERVAL), rel=0.05)] * 2
+    assert sys.getswitchinterval() == before
+
+
 def test_training_without_a_service_builds_locally_and_the_cache_serves_a_restart(
         kiln_warnings, kiln_state):
     kiln.configure(url=None)

@@ -68,6 +68,32 @@ def test_schedule_404_is_unknown_and_job_is_parsed():
     assert job.status == "failed" and job.error == "boom"
 
 
+def test_an_exchange_runs_with_a_short_switch_interval_then_restores_it():
+    """Beside kiln's compiling threads each receive would wait up to the default 5 ms for
+    the GIL (compiler/runtime/gil.py); the in-process server sees the interval the client
+    set for the exchange, a failed exchange restores it too."""
+    import sys
+
+    from compiler.runtime.gil import SHORT_SWITCH_INTERVAL
+
+    during = []
+
+    def handler(method, path, body):
+        during.append(sys.getswitchinterval())
+        if path.startswith("/v1/jobs/"):
+            return json_reply(500, {"error": {"code": "boom", "message": "x"}})
+        return json_reply(404, {"error": {"code": "not_found", "message": "no"}})
+
+    before = sys.getswitchinterval()
+    with FakeServer(handler) as srv:
+        client = _client(srv.url, retries=0)
+        assert client.schedule(KEY).status == "unknown"
+        with pytest.raises(ServiceError):
+            client.job("j")
+    assert during == [pytest.approx(min(before, SHORT_SWITCH_INTERVAL), rel=0.05)] * 2
+    assert sys.getswitchinterval() == before
+
+
 @pytest.mark.parametrize(
     ("reply", "cause"),
     [
