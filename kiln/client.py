@@ -39,19 +39,24 @@ class ServiceError(Exception):
         self.cause = cause
 
 
+JOB_STATUSES = ("queued", "running", "done", "failed")
+
+
 @dataclass(frozen=True)
 class Answer:
     """What the service knows about one tuning key.
 
     `status`: `pending` (no schedule yet), `heuristic`, `tuned`, `failed` (the service could
     not build it: nothing will come), or `unknown` (404: the service has never seen the
-    key, or it was invalidated).
+    key, or it was invalidated). `job_status`: the job's state (`Job.status`) when the
+    answer names it (a submission's does; None from a service that does not say).
     """
 
     key: str
     status: str
     schedule: dict[str, Any] | None = None
     job_id: str | None = None
+    job_status: str | None = None  # the job's state read with the schedule (submissions)
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Job:
     """A service job's state (`GET /v1/jobs/{id}`)."""
 
     id: str
-    status: str  # queued | running | done | failed
+    status: str  # one of JOB_STATUSES
     error: str | None = None
 
 
@@ -132,8 +137,7 @@ class ServiceClient:
         status, doc = self._request("GET", f"/v1/jobs/{quote(str(job_id), safe='')}")
         if status != 200:
             raise self._unexpected(status, doc)
-        if not isinstance(doc, dict) or doc.get("status") not in ("queued", "running", "done",
-                                                                 "failed"):
+        if not isinstance(doc, dict) or doc.get("status") not in JOB_STATUSES:
             raise ServiceError("malformed", f"job answer without a valid status: {_short(doc)}")
         error = doc.get("error")
         return Job(id=str(job_id), status=doc["status"],
@@ -373,8 +377,11 @@ def _parse_answer(doc: Any, key: str, http_status: int) -> Answer:
         status, schedule = "pending", None  # heuristic announced, not yet attached
     if status in ("pending", "failed"):
         schedule = None
+    job_status = doc.get("job_status")
+    if job_status is not None and job_status not in JOB_STATUSES:
+        raise ServiceError("malformed", f"unknown job status {_short(job_status)}")
     return Answer(key=key, status=status, schedule=schedule,
-                  job_id=None if job_id is None else str(job_id))
+                  job_id=None if job_id is None else str(job_id), job_status=job_status)
 
 
 def _error_message(doc: Any) -> str:

@@ -121,7 +121,7 @@ class Poller:
             if answer.status == "heuristic" and answer.schedule is not None \
                     and entry.level == "eager":
                 r.build_from(entry, answer.schedule, "heuristic", "service")
-            last = r.settled(entry, w.state)
+            last = r.settled(entry, w.state, answer)
             if last is None:
                 return False
             if last.status == "tuned" and last.schedule is not None:

@@ -271,7 +271,7 @@ class Resolver:
         answer = self._ask(self.client, entry, state)
         try:
             while answer is not None and answer.status not in ("tuned", "failed"):
-                last = self.settled(entry, state)
+                last = self.settled(entry, state, answer)
                 if last is not None:  # nothing better is coming (no tuner, or it failed)
                     answer, entry.final = last, True
                     break
@@ -308,9 +308,15 @@ class Resolver:
             state.job_id = answer.job_id
         return answer
 
-    def settled(self, entry: CompiledGraph, state: PollState) -> Answer | None:
+    def settled(self, entry: CompiledGraph, state: PollState,
+                answer: Answer | None = None) -> Answer | None:
         """When the graph's job is over (done or failed), its schedule read once more (a
-        tuned one may have landed with the job); None while the job runs or none is known."""
+        tuned one may have landed with the job); None while the job runs or none is known.
+        An `answer` that read the job done together with its schedule (a submission's,
+        `job_status`) is that last read already: two round trips fewer on a first step
+        whose service has no tuner."""
+        if answer is not None and answer.job_status == "done" and answer.schedule is not None:
+            return answer
         assert self.client is not None
         if state.job_id is None or not self.job_final(state.job_id):
             return None

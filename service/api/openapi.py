@@ -39,6 +39,9 @@ class ScheduleAnswer(BaseModel):
     status: Literal["pending", "heuristic", "tuned", "failed"]
     schedule: dict[str, Any] | None = Field(None, description="a kiln.schedule/1 document")
     job_id: int | None = None
+    job_status: Literal["queued", "running", "done", "failed"] | None = Field(
+        None, description="`POST /v1/graphs`: the job's state, read with the schedule "
+                          "(`done` with a heuristic schedule: no tuner will improve it)")
 
 
 class JobEvent(BaseModel):

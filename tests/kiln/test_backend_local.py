@@ -365,6 +365,33 @@ def test_a_forgotten_graph_is_submitted_again_and_its_finished_job_brings_the_sc
     assert not causes(kiln_warnings)
 
 
+@pytest.mark.parametrize(("job_status", "exchanges"), [("done", 1), (None, 3)])
+def test_a_heuristic_answer_whose_job_is_done_settles_a_wait_in_one_exchange(
+        job_status, exchanges, kiln_warnings):
+    """A service with no tuner answers a submission with the heuristic schedule and its job
+    done: wait mode takes it at once. One that does not name the job's state costs a read of
+    the job and of the schedule again, as before `job_status`."""
+
+    def heuristic(method, path, body):
+        if path.startswith("/v1/jobs/"):
+            return json_reply(200, {"id": "j", "status": "done"})
+        if method == "POST":
+            heuristic.body = body
+        key = compiler.tuning_key(compiler.from_wire(heuristic.body["graph"]),
+                                  compiler.Target.from_json(heuristic.body["target"]))
+        return json_reply(202, {"key": key, "status": "heuristic", "job_id": "j",
+                                "job_status": job_status,
+                                "schedule": _schedule_for(heuristic.body, "heuristic")})
+
+    with FakeServer(heuristic) as srv:
+        kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=30)
+        _, _, _, graph = _first_call()
+        backend.shutdown()
+    assert (graph.level, graph.origin, graph.final) == ("heuristic", "service", True)
+    assert len(srv.requests) == exchanges
+    assert not causes(kiln_warnings)
+
+
 def test_dynamic_shapes_warn_once_and_compile_per_concrete_shape(kiln_warnings):
     kiln.configure(url=None)
     torch.manual_seed(0)

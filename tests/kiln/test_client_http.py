@@ -27,7 +27,7 @@ def test_submit_parses_tuned_and_pending_answers_and_sends_the_token():
     answers = iter([json_reply(200, {"key": KEY, "status": "tuned", "schedule": SCHEDULE,
                                      "job_id": 7}),
                     json_reply(202, {"key": KEY, "status": "pending", "job_id": "j1",
-                                     "schedule": None})])
+                                     "job_status": "running", "schedule": None})])
     def handler(method, path, body):
         return next(answers)
 
@@ -36,7 +36,9 @@ def test_submit_parses_tuned_and_pending_answers_and_sends_the_token():
         tuned = client.submit({"g": 1}, {"t": 1}, KEY, tag="mlp")
         pending = client.submit({"g": 1}, {"t": 1}, KEY)
     assert tuned.status == "tuned" and tuned.schedule == SCHEDULE and tuned.job_id == "7"
+    assert tuned.job_status is None  # a service that does not say
     assert pending.status == "pending" and pending.schedule is None and pending.job_id == "j1"
+    assert pending.job_status == "running"
     method, path, body, headers = srv.requests[0]
     assert (method, path) == ("POST", "/v1/graphs")
     assert body == {"graph": {"g": 1}, "target": {"t": 1}, "tag": "mlp"}
@@ -103,6 +105,8 @@ def test_an_exchange_runs_with_a_short_switch_interval_then_restores_it():
          "malformed"),
         (json_reply(200, {"key": KEY, "status": "tuned"}), "malformed"),
         (json_reply(200, {"key": KEY, "status": "weird", "schedule": SCHEDULE}), "malformed"),
+        (json_reply(202, {"key": KEY, "status": "heuristic", "schedule": SCHEDULE,
+                          "job_status": "asleep"}), "malformed"),
         (json_reply(418, {"error": {"code": "teapot", "message": "no"}}), "malformed"),
         (json_reply(422, {"error": {"code": "bad_graph", "message": "node n3"}}), "rejected"),
         (json_reply(401, {"error": {"code": "auth", "message": "token"}}), "auth"),

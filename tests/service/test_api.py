@@ -6,11 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from service import store
 from service.api.app import create_app
 from service.auth import create_session, create_token
 from service.context import ServiceContext
+from service.models import JobRow
 from tests.service.helpers import gpu_target, wire_body
 
 pytestmark = pytest.mark.services
@@ -30,6 +32,7 @@ def test_submit_then_fetch_pending_heuristic_and_tuned(client: TestClient, pg_ct
     body = r.json()
     key, job_id = body["key"], body["job_id"]
     assert body["status"] == "pending" and body["schedule"] is None and len(key) == 64
+    assert body["job_status"] == "queued"  # read with the schedule: see the job's end below
     assert client.get(f"/v1/schedules/{key}").json() == {"key": key, "status": "pending",
                                                           "job_id": job_id}
     job = client.get(f"/v1/jobs/{job_id}").json()
@@ -41,6 +44,9 @@ def test_submit_then_fetch_pending_heuristic_and_tuned(client: TestClient, pg_ct
     assert r.json()["schedule"]["status"] == "heuristic"
     again = client.post("/v1/graphs", json=wire_body())
     assert again.status_code == 202 and again.json()["schedule"]["status"] == "heuristic"
+    with pg_ctx.transaction() as session:  # the build ended with no tuner to hand it to
+        session.execute(update(JobRow).where(JobRow.id == job_id).values(status="done"))
+    assert client.post("/v1/graphs", json=wire_body()).json()["job_status"] == "done"
 
     _publish(pg_ctx, key, "tuned")
     tuned = client.post("/v1/graphs", json=wire_body())
