@@ -6,11 +6,11 @@ the switch interval (`sys.getswitchinterval()`, 5 ms by default) to take it back
 another thread is running Python. kiln's compiling threads run Python for most of a first
 step (lowering, building) while other threads fetch plans, schedules and binaries from the
 service, install binaries and load kernels: each receive, each chunk, pays that wait.
-Measured on this project's CI machine, one client exchange beside two threads running
-Python (`kiln.client`, a local server): a 2 KB answer took 50 ms instead of 0.5 ms alone,
-300 KB 186 ms instead of 1.3 ms, 3 MB 1.39 s instead of 10.5 ms; with a 0.2 ms interval
-4.1, 10.7 and 94 ms. Two threads running Python lost nothing measurable to the shorter
-interval (1.74 s at 5 ms, 1.77 s at 0.2 ms, same work).
+Measured on this project's CI machine (`python -m bench.exchange_beside_python`: one
+`kiln.client` exchange with a local server beside two threads running Python, median of
+10): a 2 KB answer took 47.9 ms at the default interval (0.9 ms alone), 300 KB 136 ms, 3 MB
+1.18 s; with a 0.2 ms interval 2.8, 10.6 and 64 ms. Two threads running Python lost nothing
+measurable to the shorter interval (1.74 s at 5 ms, 1.77 s at 0.2 ms, same work).
 
 `short_switch_interval()` holds the process-wide interval at most SHORT_SWITCH_INTERVAL while
 any thread is inside it (nested and concurrent holders are counted) and restores the value

@@ -31,6 +31,9 @@ class ErrorAnswer(BaseModel):
     error: ErrorDetail
 
 
+JobStatus = Literal["queued", "running", "done", "failed"]
+
+
 class ScheduleAnswer(BaseModel):
     """`GET /v1/schedules/{key}` with status 200 (`schedule` set) or 202 (`job_id` set), and
     `POST /v1/graphs`."""
@@ -39,7 +42,7 @@ class ScheduleAnswer(BaseModel):
     status: Literal["pending", "heuristic", "tuned", "failed"]
     schedule: dict[str, Any] | None = Field(None, description="a kiln.schedule/1 document")
     job_id: int | None = None
-    job_status: Literal["queued", "running", "done", "failed"] | None = Field(
+    job_status: JobStatus | None = Field(
         None, description="`POST /v1/graphs`: the job's state, read with the schedule "
                           "(`done` with a heuristic schedule: no tuner will improve it)")
 
@@ -56,7 +59,7 @@ class JobAnswer(BaseModel):
 
     id: int
     key: str
-    status: Literal["queued", "running", "done", "failed"]
+    status: JobStatus
     stage: str
     progress: float | None = None
     attempts: int
