@@ -154,7 +154,8 @@ def stats() -> dict[str, float]:
     """Process-wide counters.
 
     - `schedules_local`: heuristic schedules this process computed itself
-    - `schedules_fetched`: schedules that came from the service
+    - `schedules_fetched`: schedules that came from the service (`schedules_probed`: answers
+      taken from a lookup alone, no graph sent)
     - `schedules_cached`: schedules read from the local disk cache
     - `builds`: graphs built into Triton kernels; `eager`: graphs run eagerly
     - `swaps`: tuned schedules swapped in after the first call

@@ -38,6 +38,7 @@ class PollState:
 
     submitted: bool = False
     job_id: str | None = None
+    probed: bool = False  # its schedule was read before a first submission (`Resolver.poll`)
 
 
 # After the service failed to answer (down, hung, 5xx), graphs compiled in the next
@@ -295,18 +296,37 @@ class Resolver:
              client: ServiceClient | None = None) -> Answer:
         """One round: submit the graph when the service does not know it (first round, or
         it answered "unknown": invalidated or forgotten), else read its schedule; `state`
-        keeps the job. Raises `ServiceError`."""
+        keeps the job. Before the first submission its schedule is read (`_probe`): on a
+        hit that answer is all. Raises `ServiceError`."""
         client = client or self.client
         assert client is not None
         if state.submitted:
             answer = client.schedule(entry.key)
         else:
-            answer = client.submit(entry.wire, entry.target.to_json(), entry.key, entry.tag)
+            answer = self._probe(client, entry, state) or client.submit(
+                entry.wire, entry.target.to_json(), entry.key, entry.tag)
         self.answered()
         state.submitted = answer.status != "unknown"
         if answer.job_id is not None:  # a 200 GET does not repeat it
             state.job_id = answer.job_id
         return answer
+
+    @staticmethod
+    def _probe(client: ServiceClient, entry: CompiledGraph, state: PollState) -> Answer | None:
+        """The key's schedule read on the service's hot path, once per `state`: the answer
+        when its job is done (a hit: nothing will improve the schedule), else None and the
+        graph is submitted (joining or starting its job, the wire form restored if the
+        service dropped it). A hit this way sends no graph and has the service validate
+        none: 3-4 ms against 46-56 ms for a submission of GPT-2's training graphs (100 and
+        140 KB) on the CI machine."""
+        if state.probed:
+            return None
+        state.probed = True
+        answer = client.schedule(entry.key)
+        if answer.job_status == "done" and answer.schedule is not None:
+            degrade.count("schedules_probed")
+            return answer
+        return None
 
     def settled(self, entry: CompiledGraph, state: PollState,
                 answer: Answer | None = None) -> Answer | None:

@@ -43,8 +43,8 @@ class ScheduleAnswer(BaseModel):
     schedule: dict[str, Any] | None = Field(None, description="a kiln.schedule/1 document")
     job_id: int | None = None
     job_status: JobStatus | None = Field(
-        None, description="`POST /v1/graphs`: the job's state, read with the schedule "
-                          "(`done` with a heuristic schedule: no tuner will improve it)")
+        None, description="the job's state, read with the schedule (`done`: no tuner will "
+                          "improve it); null when the key has no job")
 
 
 class JobEvent(BaseModel):

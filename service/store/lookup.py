@@ -12,7 +12,7 @@ from sqlalchemy import Engine, select
 
 from service.models import JobRow, ScheduleRow
 
-_SQL = ("SELECT s.status, s.schedule, j.id, j.error FROM schedules s "
+_SQL = ("SELECT s.status, s.schedule, j.id, j.error, j.status FROM schedules s "
         "LEFT JOIN jobs j ON j.key = s.key WHERE s.key = %s")
 
 
@@ -24,6 +24,7 @@ class Lookup:
     schedule: str | None
     job_id: int | None
     error: str | None
+    job_status: str | None  # the entry's job's state: "done" says no better schedule is coming
 
 
 async def lookup_pg(conn: Any, key: str) -> Lookup | None:
@@ -38,7 +39,7 @@ def lookup_sync(engine: Engine, key: str) -> Lookup | None:
     """The entry of `key` read on a connection of `engine` (no ORM session), or None."""
     with engine.connect() as conn:
         row = conn.execute(
-            select(ScheduleRow.status, ScheduleRow.schedule, JobRow.id, JobRow.error)
+            select(ScheduleRow.status, ScheduleRow.schedule, JobRow.id, JobRow.error, JobRow.status)
             .outerjoin(JobRow, JobRow.key == ScheduleRow.key).where(ScheduleRow.key == key)
         ).one_or_none()
     return Lookup(*row) if row else None

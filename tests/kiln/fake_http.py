@@ -4,8 +4,10 @@
 close the connection without one); every request is recorded in `requests` as
 (method, path, body, headers). Requests for plans (`/v1/plans/...`, kiln.plans) never
 reach the handler: the server answers them as a service that has none and stores what it
-is sent (404 and 201). This is not the kiln service: tests that need the real service
-start it.
+is sent (404 and 201). Nor does, unless `lookups=True`, a schedule lookup
+(`GET /v1/schedules/{key}`) of a key no graph was submitted for: the server answers it as
+a service that starts empty (404 `not_found`, the client then submits) and records it in
+`lookups`. This is not the kiln service: tests that need the real service start it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ Reply = tuple[int, dict[str, str], bytes]
 Handler = Callable[[str, str, Any], Reply]
 
 
+_SCHEDULES = "/v1/schedules/"
+
+
 def json_reply(status: int, doc: Any) -> Reply:
     """An answer with a JSON body."""
     return status, {"Content-Type": "application/json"}, json.dumps(doc).encode()
@@ -29,9 +34,11 @@ def json_reply(status: int, doc: Any) -> Reply:
 class FakeServer:
     """Serve `handler` on 127.0.0.1 in a daemon thread; use as a context manager."""
 
-    def __init__(self, handler: Handler, port: int = 0) -> None:
+    def __init__(self, handler: Handler, port: int = 0, lookups: bool = False) -> None:
         self.handler = handler
         self.requests: list[tuple[str, str, Any, dict[str, str]]] = []
+        self.lookups: list[str] = []  # keys looked up before any submission of theirs
+        self._submitted: set[str] = set()
         outer = self
 
         class _H(BaseHTTPRequestHandler):
@@ -47,7 +54,12 @@ class FakeServer:
                     body = raw
                 if self.path.startswith("/v1/plans/"):
                     status, headers, data = _no_plans(method)
+                elif not lookups and outer._unknown_lookup(method, self.path):
+                    outer.lookups.append(self.path.rsplit("/", 1)[-1])
+                    status, headers, data = json_reply(404, {"error": {
+                        "code": "not_found", "message": "no schedule; submit the graph"}})
                 else:
+                    outer._note_submission(method, self.path, body)
                     outer.requests.append((method, self.path, body, dict(self.headers)))
                     status, headers, data = outer.handler(method, self.path, body)
                 if status == 0:  # close the connection without answering
@@ -78,6 +90,22 @@ class FakeServer:
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _unknown_lookup(self, method: str, path: str) -> bool:
+        return (method == "GET" and path.startswith(_SCHEDULES)
+                and path[len(_SCHEDULES):] not in self._submitted)
+
+    def _note_submission(self, method: str, path: str, body: Any) -> None:
+        if method != "POST" or path != "/v1/graphs" or not isinstance(body, dict):
+            return
+        import compiler
+
+        try:
+            key = compiler.tuning_key(compiler.from_wire(body["graph"]),
+                                      compiler.Target.from_json(body["target"]))
+        except Exception:  # noqa: BLE001 - a malformed submission: the handler's to answer
+            return
+        self._submitted.add(key)
 
     def __enter__(self) -> FakeServer:
         self._thread.start()

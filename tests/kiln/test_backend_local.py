@@ -183,6 +183,8 @@ def test_a_graph_the_service_failed_to_build_is_built_locally_and_not_polled(kil
 def test_each_graph_is_sent_with_its_model_class_and_role_unless_kiln_tag_is_set(
         monkeypatch, kiln_warnings):
     def failed(method, path, body):
+        if method == "GET":  # a key submitted before (after the reset): its build failed
+            return json_reply(404, {"error": {"code": "failed", "message": "it failed"}})
         key = compiler.tuning_key(compiler.from_wire(body["graph"]),
                                   compiler.Target.from_json(body["target"]))
         return json_reply(202, {"key": key, "status": "failed", "job_id": 3, "schedule": None})
@@ -389,6 +391,44 @@ def test_a_heuristic_answer_whose_job_is_done_settles_a_wait_in_one_exchange(
         backend.shutdown()
     assert (graph.level, graph.origin, graph.final) == ("heuristic", "service", True)
     assert len(srv.requests) == exchanges
+    assert not causes(kiln_warnings)
+
+
+@pytest.mark.parametrize(("job_status", "second_exchanges"),
+                         [("done", ["GET"]), ("running", ["GET", "POST"])])
+def test_a_known_graph_whose_job_is_done_is_a_hit_without_sending_it(
+        job_status, second_exchanges, kiln_warnings):
+    """Before submitting a graph, the client reads its schedule (the service's hot path): a
+    schedule whose job is done is the whole exchange, and the graph is not sent. While its
+    job runs, the graph is submitted (the client joins the job, as before the lookup)."""
+    bodies: dict[str, dict] = {}
+
+    def service(method, path, body):
+        if method == "POST":
+            key = compiler.tuning_key(compiler.from_wire(body["graph"]),
+                                      compiler.Target.from_json(body["target"]))
+            bodies[key] = body
+            extra = {"job_id": "j"}
+        else:  # FakeServer answers a lookup of a key it was never sent (404)
+            key, extra = path.rsplit("/", 1)[-1], {}
+        return json_reply(200 if method == "GET" else 202, {
+            "key": key, "status": "heuristic", "job_status": job_status, **extra,
+            "schedule": _schedule_for(bodies[key], "heuristic")})
+
+    model = SeedMLP(16, 32, 10).eval()
+    x = torch.randn(4, 16)
+    with FakeServer(service) as srv:
+        kiln.configure(url=srv.url, mode="async", poll_interval=600, cache=False)
+        with torch.no_grad():
+            want = model(x)
+            for _ in range(2):  # a second process's compile: dynamo and kiln start again
+                torch._dynamo.reset()
+                backend.shutdown()
+                torch.testing.assert_close(torch.compile(model, backend="kiln")(x), want)
+    assert len(srv.lookups) == 1  # the first compile's: the service did not know the graph
+    assert [m for m, *_ in srv.requests] == ["POST", *second_exchanges]
+    assert kiln.stats().get("schedules_probed", 0) == (1 if job_status == "done" else 0)
+    assert all(g.origin == "service" for g in backend.compiled_graphs())
     assert not causes(kiln_warnings)
 
 

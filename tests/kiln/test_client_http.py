@@ -31,7 +31,7 @@ def test_submit_parses_tuned_and_pending_answers_and_sends_the_token():
     def handler(method, path, body):
         return next(answers)
 
-    with FakeServer(handler) as srv:
+    with FakeServer(handler, lookups=True) as srv:
         client = _client(srv.url, token="secret")
         tuned = client.submit({"g": 1}, {"t": 1}, KEY, tag="mlp")
         pending = client.submit({"g": 1}, {"t": 1}, KEY)
@@ -49,7 +49,7 @@ def test_a_graph_given_as_json_text_is_sent_as_that_document():
     def handler(method, path, body):
         return json_reply(202, {"key": KEY, "status": "pending", "job_id": "j", "schedule": None})
 
-    with FakeServer(handler) as srv:
+    with FakeServer(handler, lookups=True) as srv:
         client = _client(srv.url)
         client.submit('{"g":[1,{"h":"x"}]}', {"t": 1}, KEY, tag="mlp")
         client.submit('{"g":2}', {"t": 1}, KEY)
@@ -63,7 +63,7 @@ def test_schedule_404_is_unknown_and_job_is_parsed():
             return json_reply(404, {"error": {"code": "not_found", "message": "no"}})
         return json_reply(200, {"id": "j", "key": KEY, "status": "failed", "error": "boom"})
 
-    with FakeServer(handler) as srv:
+    with FakeServer(handler, lookups=True) as srv:
         client = _client(srv.url)
         assert client.schedule(KEY).status == "unknown"
         job = client.job("j")
@@ -87,7 +87,7 @@ def test_an_exchange_runs_with_a_short_switch_interval_then_restores_it():
         return json_reply(404, {"error": {"code": "not_found", "message": "no"}})
 
     before = sys.getswitchinterval()
-    with FakeServer(handler) as srv:
+    with FakeServer(handler, lookups=True) as srv:
         client = _client(srv.url, retries=0)
         assert client.schedule(KEY).status == "unknown"
         with pytest.raises(ServiceError):
@@ -115,7 +115,7 @@ def test_an_exchange_runs_with_a_short_switch_interval_then_restores_it():
     ],
 )
 def test_bad_answers_raise_service_error_with_their_cause(reply, cause):
-    with FakeServer(lambda m, p, b: reply) as srv:
+    with FakeServer(lambda m, p, b: reply, lookups=True) as srv:
         with pytest.raises(ServiceError) as info:
             _client(srv.url, retries=0).submit({}, {}, KEY)
     assert info.value.cause == cause
@@ -133,7 +133,7 @@ def test_connection_refused_is_unreachable_and_retried_within_the_deadline():
 def test_5xx_is_retried_then_succeeds():
     replies = iter([json_reply(503, {}), json_reply(200, {"key": KEY, "status": "heuristic",
                                                           "schedule": SCHEDULE})])
-    with FakeServer(lambda m, p, b: next(replies)) as srv:
+    with FakeServer(lambda m, p, b: next(replies), lookups=True) as srv:
         answer = _client(srv.url, retries=2).schedule(KEY)
     assert answer.status == "heuristic" and len(srv.requests) == 2
 
@@ -143,7 +143,7 @@ def test_a_hanging_server_times_out_without_hanging_the_client():
         time.sleep(3)
         return json_reply(200, {})
 
-    with FakeServer(handler) as srv:
+    with FakeServer(handler, lookups=True) as srv:
         client = _client(srv.url, request_timeout=0.3, retries=2)
         start = time.monotonic()
         with pytest.raises(ServiceError) as info:

@@ -65,6 +65,8 @@ def test_mlp_and_gpt_train_through_the_service_and_a_second_process_fetches_ever
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("stats: ")]
     second = json.loads(line.removeprefix("stats: "))
     assert second["graphs"] == 2 and second["schedules_fetched"] == 2, second
+    # Both were lookups' hits (their jobs done): neither graph was sent again.
+    assert second["schedules_probed"] == 2, second
     assert second["schedules_local"] == 0 and second["eager"] == 0, second
     assert second["plans_used"] == 1 and "seconds:aot" not in second, second
     assert "kiln [" not in out.stderr  # no fallback warning

@@ -34,19 +34,23 @@ def test_submit_then_fetch_pending_heuristic_and_tuned(client: TestClient, pg_ct
     assert body["status"] == "pending" and body["schedule"] is None and len(key) == 64
     assert body["job_status"] == "queued"  # read with the schedule: see the job's end below
     assert client.get(f"/v1/schedules/{key}").json() == {"key": key, "status": "pending",
-                                                          "job_id": job_id}
+                                                          "job_id": job_id,
+                                                          "job_status": "queued"}
     job = client.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "queued" and job["history"][0]["status"] == "queued"
 
     _publish(pg_ctx, key)
     r = client.get(f"/v1/schedules/{key}")
     assert r.status_code == 200 and r.json()["status"] == "heuristic"
+    assert r.json()["job_status"] == "queued"  # a tuner may still improve it
     assert r.json()["schedule"]["status"] == "heuristic"
     again = client.post("/v1/graphs", json=wire_body())
     assert again.status_code == 202 and again.json()["schedule"]["status"] == "heuristic"
     with pg_ctx.transaction() as session:  # the build ended with no tuner to hand it to
         session.execute(update(JobRow).where(JobRow.id == job_id).values(status="done"))
     assert client.post("/v1/graphs", json=wire_body()).json()["job_status"] == "done"
+    # The lookup says so too: a client takes this schedule without sending the graph.
+    assert client.get(f"/v1/schedules/{key}").json()["job_status"] == "done"
 
     _publish(pg_ctx, key, "tuned")
     tuned = client.post("/v1/graphs", json=wire_body())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from fastapi import APIRouter, Request
@@ -36,11 +37,15 @@ async def get_schedule(key: str, request: Request, hits: Hits, _who: Client) -> 
     if row.status in ("heuristic", "tuned") and row.schedule:
         hits.add(key)
         LOOKUPS.labels("hit").inc()
-        # The stored JSON is spliced in as is: no parse and re-encode on the hot path.
-        body = f'{{"key":"{key}","status":"{row.status}","schedule":{row.schedule}}}'
+        # The stored JSON is spliced in as is: no parse and re-encode on the hot path. The
+        # job's state tells a client whether a better schedule is coming (`job_status`).
+        body = (f'{{"key":"{key}","status":"{row.status}",'
+                f'"job_status":{json.dumps(row.job_status)},'
+                f'"schedule":{row.schedule}}}')
         return Response(body, media_type="application/json")
     if row.status == "invalidated":
         raise ApiError(404, "invalidated", f"the schedule for {key} was invalidated; submit again")
     if row.status == "failed":
         raise ApiError(404, "failed", f"building a schedule for {key} failed: {row.error}")
-    return JSONResponse({"key": key, "status": "pending", "job_id": row.job_id}, status_code=202)
+    return JSONResponse({"key": key, "status": "pending", "job_id": row.job_id,
+                         "job_status": row.job_status}, status_code=202)
