@@ -35,7 +35,10 @@ as on the H200 machine). Paths:
 
 `--first-repeats N` measures the warm and hit paths' first steps N times in fresh processes
 and records their median (`first_samples`: every sample): one sample varies between
-processes about as much as the differences it is read for.
+processes about as much as the differences it is read for. With `--paired`, `inductor_warm`
+and `kiln_tuned` take turns instead (Inductor's warm process, then kiln's hit, N times, the
+service up for both): a slow spell of the host then weighs on both alike, and each case
+records the pairs (`hit_pairs`: both samples and kiln's minus Inductor's, with their median).
 
 Per path: wall ms per step, host ms, GPU ms, first step s, the `torch.compile(...)` call
 before it s (`compile_call_s`: what looking the backend up imports, Inductor's modules or
@@ -233,6 +236,42 @@ def _measure_first(args: argparse.Namespace, workdir: Path, model: str, step: st
     return record
 
 
+def _measure_paired(args: argparse.Namespace, workdir: Path, model: str, step: str,
+                    hit_env: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """`inductor_warm` and `kiln_tuned` (`hit_env`) measured in turns, `--first-repeats`
+    fresh processes each: (Inductor's record, kiln's, the pairs). Each record is its first
+    process's, its `first_s` the median of its samples, as `_measure_first` makes them; a
+    pair with a failed side is left out of the pairs."""
+    records: dict[str, dict[str, Any]] = {}
+    pairs: list[tuple[float, float]] = []
+    for i in range(max(args.first_repeats, 1)):
+        got = {}
+        for path, env in (("inductor_warm", {}), ("kiln_tuned", hit_env)):
+            again = _measure(args, workdir, model, step, path, env,
+                             tag=f"{path}-{i}" if i else None)
+            first = records.setdefault(path, again)
+            if "error" in again:
+                if again is not first:
+                    first.setdefault("repeat_errors", []).append(again["error"][-300:])
+                continue
+            if "error" in first:  # the first process failed: a later one stands for it
+                records[path] = first = again
+            first.setdefault("first_samples", [])
+            first["first_samples"].append(again["first_s"])
+            got[path] = again["first_s"]
+        if len(got) == 2:
+            pairs.append((got["inductor_warm"], got["kiln_tuned"]))
+    for record in records.values():
+        if record.get("first_samples"):
+            record["first_s"] = round(statistics.median(record["first_samples"]), 3)
+    differences = [round(k - w, 3) for w, k in pairs]
+    summary = {"inductor_warm_s": [w for w, _ in pairs], "kiln_hit_s": [k for _, k in pairs],
+               "kiln_minus_inductor_warm_s": differences,
+               "median_difference_s": (round(statistics.median(differences), 3)
+                                       if differences else None)}
+    return records["inductor_warm"], records["kiln_tuned"], summary
+
+
 def _progress(model: str, step: str, path: str, record: dict[str, Any]) -> None:
     """One measured path, printed as soon as it is known: a run cut short by a time limit
     still shows what it measured."""
@@ -332,8 +371,11 @@ def orchestrate(args: argparse.Namespace) -> int:
           f"{len(args.paths)} paths; logs in {workdir}", flush=True)
     results: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
     hits: dict[tuple[str, str], dict[str, dict[str, Any]]] = {c: {} for c in cases}
+    paired = args.paired and {"inductor_warm", "kiln_tuned"} <= set(args.paths)
+    pairs: dict[tuple[str, str], dict[str, Any]] = {}
+    later = ("kiln_tuned", "kiln_warm", "inductor_warm") if paired else ("kiln_tuned", "kiln_warm")
     for model, step in cases:
-        for path in (p for p in args.paths if p not in ("kiln_tuned", "kiln_warm")):
+        for path in (p for p in args.paths if p not in later):
             extra = {"KILN_URL": "off"} if path == "kiln_heuristic" else {}
             results[(model, step)][path] = _measure_first(args, workdir, model, step, path,
                                                           extra)
@@ -350,9 +392,18 @@ def orchestrate(args: argparse.Namespace) -> int:
             for model, step in cases:
                 extra = {"KILN_URL": service.url, "KILN_MODE": "wait",
                          "KILN_WAIT_TIMEOUT": str(args.timeout)}
-                results[(model, step)]["kiln_tuned"] = _measure_first(
-                    args, workdir, model, step, "kiln_tuned", extra)
-                _progress(model, step, "kiln_tuned", results[(model, step)]["kiln_tuned"])
+                found = results[(model, step)]
+                if paired:
+                    found["inductor_warm"], found["kiln_tuned"], pairs[(model, step)] = \
+                        _measure_paired(args, workdir, model, step, extra)
+                    _progress(model, step, "inductor_warm", found["inductor_warm"])
+                    print(f"  {model}.{step} pairs: kiln minus Inductor warm "
+                          f"{pairs[(model, step)]['kiln_minus_inductor_warm_s']} s, median "
+                          f"{pairs[(model, step)]['median_difference_s']} s", flush=True)
+                else:
+                    found["kiln_tuned"] = _measure_first(args, workdir, model, step,
+                                                         "kiln_tuned", extra)
+                _progress(model, step, "kiln_tuned", found["kiln_tuned"])
                 if "kiln_warm" in args.paths:  # the same node again: its caches now filled
                     results[(model, step)]["kiln_warm"] = _measure_first(
                         args, workdir, model, step, "kiln_warm", extra)
@@ -368,6 +419,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         variants = hits[(record["model"], record["step"])]
         if variants:
             record["kiln_hit_variants"] = variants
+        if (record["model"], record["step"]) in pairs:
+            record["hit_pairs"] = pairs[(record["model"], record["step"])]
     if args.merge and args.out and args.out.exists():
         records = _merged(json.loads(args.out.read_text())["cases"], records)
     print(f"\n{'case':<22}" + "".join(f"{p + ' ms':>20}" for p in args.paths)
@@ -461,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure the first step of inductor_warm, kiln_tuned and kiln_warm "
                              "N times, each in a fresh process; their first_s is the median "
                              "(first_samples lists all)")
+    parser.add_argument("--paired", action="store_true",
+                        help="with inductor_warm and kiln_tuned: measure them in turns, "
+                             "--first-repeats pairs of fresh processes (hit_pairs)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "models_h200.json")
     one = sub.add_parser("step", help="(internal) measure one path of one case")
     add_case_arguments(one)

@@ -166,3 +166,32 @@ def test_first_repeats_take_the_median_of_fresh_hits_and_warm_runs(monkeypatch,
     assert len({cache for _, cache in calls[3:]}) == 1  # on the caches `inductor` filled
     cold = model_suite._measure_first(args, tmp_path, "gpt2", "train", "inductor", {})
     assert cold["first_s"] == 9.0 and "first_samples" not in cold  # a cold path runs once
+
+
+def test_paired_first_steps_alternate_inductor_warm_and_the_hit(monkeypatch, tmp_path: Path) -> None:
+    import argparse
+
+    from bench import model_suite
+
+    calls: list[str] = []
+    firsts = iter([2.0, 2.5, 1.0, None, 3.0, 2.0])  # None: that process fails
+
+    def run(cmd, env, **kwargs):
+        path = cmd[cmd.index("--path") + 1]
+        calls.append(path)
+        first = next(firsts)
+        if first is None:
+            return subprocess.CompletedProcess(cmd, 1, stdout="")
+        record = {"path": path, "first_s": first}
+        return subprocess.CompletedProcess(cmd, 0, stdout=model_suite.RESULT_MARK + json.dumps(record))
+
+    monkeypatch.setattr(model_suite.subprocess, "run", run)
+    args = argparse.Namespace(device="cpu", iters=1, small=True, timeout=1.0, first_repeats=3)
+    warm, hit, pairs = model_suite._measure_paired(args, tmp_path, "gpt2", "train", {})
+    assert calls == ["inductor_warm", "kiln_tuned"] * 3
+    assert warm["first_samples"] == [2.0, 1.0, 3.0] and warm["first_s"] == 2.0
+    assert hit["first_samples"] == [2.5, 2.0] and hit["first_s"] == 2.25
+    assert len(hit["repeat_errors"]) == 1
+    # The failed hit's pair is left out; the others: kiln minus Inductor, and their median.
+    assert pairs == {"inductor_warm_s": [2.0, 3.0], "kiln_hit_s": [2.5, 2.0],
+                     "kiln_minus_inductor_warm_s": [0.5, -1.0], "median_difference_s": -0.25}
