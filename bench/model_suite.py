@@ -329,13 +329,22 @@ def _geomeans(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+# A case's records of hit measurements beside its paths, kept by a merge as they came.
+CASE_EXTRAS = ("kiln_hit_variants", "hit_pairs")
+
+
 def _merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`old` cases with `new` ones laid over them: a (model, step) measured again keeps the
-    paths it did not measure this time from `old`; the summary fields are made again."""
+    paths it did not measure this time from `old`, and its `CASE_EXTRAS` unless measured
+    again; the summary fields are made again."""
     by_case = {(c["model"], c["step"]): dict(c["paths"]) for c in old}
+    extras = {(c["model"], c["step"]): {k: c[k] for k in CASE_EXTRAS if k in c} for c in old}
     for c in new:
         by_case.setdefault((c["model"], c["step"]), {}).update(c["paths"])
-    return [_case_record(m, s, paths) for (m, s), paths in by_case.items()]
+        extras.setdefault((c["model"], c["step"]), {}).update(
+            {k: c[k] for k in CASE_EXTRAS if k in c})
+    return [{**_case_record(m, s, paths), **extras.get((m, s), {})}
+            for (m, s), paths in by_case.items()]
 
 
 # The project's packages, given bytecode before measuring (`_compile_bytecode`).

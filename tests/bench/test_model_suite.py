@@ -52,6 +52,14 @@ def test_a_merge_keeps_paths_measured_in_an_earlier_call_and_remakes_the_ratios(
     assert resnet["kiln_heuristic_vs_inductor"] == 0.5 and "kiln_heuristic_vs_eager" not in resnet
     assert _geomeans([gpt2, resnet]) == {"kiln_heuristic_vs_eager": 4.0,
                                          "kiln_heuristic_vs_inductor": 1.0}
+    # A case's hit pairs stay through a merge that did not measure them again, and a new
+    # measurement's replace them.
+    first[0]["hit_pairs"] = {"median_difference_s": -0.5}
+    (kept,) = _merged(first, [_case_record("gpt2", "train", {"eager": {"wall_ms": 3.0}})])
+    assert kept["hit_pairs"] == {"median_difference_s": -0.5}
+    again = {**_case_record("gpt2", "train", {}), "hit_pairs": {"median_difference_s": 0.1}}
+    (replaced,) = _merged(first, [again])
+    assert replaced["hit_pairs"] == {"median_difference_s": 0.1}
 
 
 def test_hit_variants_parse_into_named_environments() -> None:
