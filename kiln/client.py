@@ -49,14 +49,21 @@ class Answer:
     `status`: `pending` (no schedule yet), `heuristic`, `tuned`, `failed` (the service could
     not build it: nothing will come), or `unknown` (404: the service has never seen the
     key, or it was invalidated). `job_status`: the job's state (`Job.status`) when the
-    answer names it (a submission's does; None from a service that does not say).
+    answer names it (a submission's and a lookup's do; None from a service that does not
+    say).
     """
 
     key: str
     status: str
     schedule: dict[str, Any] | None = None
     job_id: str | None = None
-    job_status: str | None = None  # the job's state read with the schedule (submissions)
+    job_status: str | None = None  # the job's state read with the schedule
+
+    @property
+    def job_done(self) -> bool:
+        """Whether this answer holds a schedule read with its job done: nothing better is
+        coming (no tuner for the target, or it has finished)."""
+        return self.job_status == "done" and self.schedule is not None
 
 
 @dataclass(frozen=True)

@@ -323,7 +323,7 @@ class Resolver:
             return None
         state.probed = True
         answer = client.schedule(entry.key)
-        if answer.job_status == "done" and answer.schedule is not None:
+        if answer.job_done:
             degrade.count("schedules_probed")
             return answer
         return None
@@ -335,7 +335,7 @@ class Resolver:
         An `answer` that read the job done together with its schedule (a submission's,
         `job_status`) is that last read already: two round trips fewer on a first step
         whose service has no tuner."""
-        if answer is not None and answer.job_status == "done" and answer.schedule is not None:
+        if answer is not None and answer.job_done:
             return answer
         assert self.client is not None
         if state.job_id is None or not self.job_final(state.job_id):
