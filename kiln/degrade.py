@@ -154,8 +154,9 @@ def stats() -> dict[str, float]:
     """Process-wide counters.
 
     - `schedules_local`: heuristic schedules this process computed itself
-    - `schedules_fetched`: schedules that came from the service (`schedules_probed`: answers
-      taken from a lookup alone, no graph sent)
+    - `schedules_fetched`: schedules that came from the service
+    - `schedules_probed`: graphs the service answered from a lookup alone (their job done, no
+      graph sent); a schedule already built from the disk cache is not fetched again
     - `schedules_cached`: schedules read from the local disk cache
     - `builds`: graphs built into Triton kernels; `eager`: graphs run eagerly
     - `swaps`: tuned schedules swapped in after the first call
