@@ -52,10 +52,15 @@ def host_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float:
     return statistics.median(times)
 
 
-def gpu_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float | None:
-    """Device time of one step's kernels (profiler), or None where there is no GPU."""
+# Kernel names of layout conversions (cuDNN's and cuBLAS's transposes around a call).
+LAYOUT_CONVERSIONS = ("nchwToNhwc", "nhwcToNchw", "nchwtonhwc", "nhwctonchw")
+
+
+def device_profile(step: Callable[[], Any], sync: Callable[[], None], n: int) -> dict[str, Any]:
+    """What one step runs on the device (profiler, `n` steps): GPU ms, kernels,
+    device-to-device copies and layout-conversion kernels per step; {} without a GPU."""
     if not torch.cuda.is_available():
-        return None
+        return {}
     from torch.profiler import ProfilerActivity, profile
 
     sync()
@@ -63,8 +68,16 @@ def gpu_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float |
         for _ in range(n):
             step()
         sync()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return total_us / 1000 / n
+    memcpy = [e for e in events if "memcpy" in e.name.lower() and "dtod" in e.name.lower()]
+    copies = [e for e in events if "copy" in e.name.lower() and "memcpy" not in e.name.lower()]
+    layout = [e for e in events if any(c in e.name for c in LAYOUT_CONVERSIONS)]
+    kernels = [e for e in events if "memcpy" not in e.name.lower()
+               and "memset" not in e.name.lower()]
+    return {"gpu_ms": total_us / 1000 / n, "kernels_per_step": len(kernels) / n,
+            "memcpy_dtod_per_step": len(memcpy) / n, "copy_kernels_per_step": len(copies) / n,
+            "layout_conversions_per_step": len(layout) / n}
 
 
 def rel_error(got: Any, want: Any) -> float:

@@ -17,7 +17,9 @@ as on the H200 machine). Paths:
 - `inductor_warm`: the same in a fresh process on the caches the `inductor` run filled (run
   it after `inductor`): its first step is Inductor's warm first step, `inductor_warm_first_s`;
 - `inductor_ro`: `torch.compile(mode="reduce-overhead")`: Inductor with CUDA graphs, as kiln
-  replays its graphs (not in the default paths; kiln's ratios stay against `inductor`);
+  replays its graphs: the mode kiln's kernels are judged against;
+- `inductor_ma` (on request: minutes of compile per model): `mode="max-autotune"`, Inductor's
+  template search and CUDA graphs, what a kiln service's tuning is judged against;
 - `kiln_heuristic`: `backend="kiln"` with `KILN_URL=off` (heuristic schedules, local builds);
 - `kiln_tuned`: `backend="kiln"` against `kiln serve` on this machine after every graph was
   submitted and tuned (bench/flow.py's service and compile phase), from a fresh process with
@@ -73,8 +75,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_MARK = "SUITE_RESULT "
-PATHS = ("eager", "inductor", "inductor_warm", "kiln_heuristic", "kiln_tuned")
-EXTRA_PATHS = ("inductor_ro", "kiln_warm")  # measured when asked for (--paths)
+PATHS = ("eager", "inductor", "inductor_ro", "inductor_warm", "kiln_heuristic", "kiln_tuned")
+# Measured when asked for (--paths): max-autotune compiles for minutes per model.
+EXTRA_PATHS = ("inductor_ma", "kiln_warm")
 # A warm path is a fresh process on the caches its cold path filled.
 WARM_OF = {"inductor_warm": "inductor", "kiln_warm": "kiln_tuned"}
 # Paths whose first step --first-repeats measures again (on caches another process filled).
@@ -83,6 +86,7 @@ TRAIN_ONLY = ("gpt_block_train",)  # models of the set measured as a training st
 # Record key prefix per path in a case (kiln_heuristic's first step is the cold `kiln_first_s`).
 FIRST_KEY = {"eager": "eager_first_s", "inductor": "inductor_first_s",
              "inductor_warm": "inductor_warm_first_s", "inductor_ro": "inductor_ro_first_s",
+             "inductor_ma": "inductor_ma_first_s",
              "kiln_heuristic": "kiln_first_s", "kiln_tuned": "kiln_hit_first_s",
              "kiln_warm": "kiln_warm_first_s"}
 
@@ -150,7 +154,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     import torch
 
     from bench.gil_samples import sampled
-    from bench.measure import Reference, first_step, gpu_ms, host_ms, synchronizer, wall_ms
+    from bench.measure import Reference, device_profile, first_step, host_ms, synchronizer, wall_ms
     from bench.models import compiled, instantiate, step_fn
 
     device = torch.device(device_name)
@@ -174,7 +178,7 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     compiled_step()  # settle: CUDA graph capture, swapped-in schedules
     record["wall_ms"] = wall_ms(compiled_step, sync, iters)
     record["host_ms"] = host_ms(compiled_step, sync, iters)
-    record["gpu_ms"] = gpu_ms(compiled_step, sync, min(iters, 5))
+    record.update(device_profile(compiled_step, sync, min(iters, 5)))
     record.update(profile)
     record.update(samples)
     if path.startswith("kiln"):
@@ -285,11 +289,12 @@ def _case_record(model: str, step: str, paths: dict[str, dict[str, Any]]) -> dic
     record: dict[str, Any] = {"model": model, "step": step}
     for path, r in paths.items():
         record[f"{path}_wall_ms"] = r.get("wall_ms")
+        record[f"{path}_gpu_ms"] = r.get("gpu_ms")
         record[FIRST_KEY[path]] = r.get("first_s")
     if "kiln_tuned" in paths:
         record["kiln_hit_kernels_compiled"] = paths["kiln_tuned"].get("kernels_compiled")
     for kiln_path in ("kiln_heuristic", "kiln_tuned"):
-        for base in ("eager", "inductor", "inductor_ro"):
+        for base in ("eager", "inductor", "inductor_ro", "inductor_ma"):
             ratio = _speedup(record.get(f"{base}_wall_ms"), record.get(f"{kiln_path}_wall_ms"))
             if ratio is not None:
                 record[f"{kiln_path}_vs_{base}"] = ratio
@@ -495,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     parser.add_argument("--models", type=lambda s: s.split(","),
-                        default=["gpt2", "resnet18", "gpt_block_train"])
+                        default=["gpt2", "resnet18", "gpt_block_train", "vit_b16", "convnext_tiny"])
     parser.add_argument("--steps", type=lambda s: s.split(","), default=["infer", "train"])
     parser.add_argument("--cases", type=_cases, default=[], metavar="MODEL.STEP,...",
                         help="exactly these cases (e.g. gpt2.infer,resnet18.train) instead of "

@@ -5,8 +5,9 @@ A `ModelCase` makes its module and inputs on a device and says how to run one st
 them; the loss of a training step is `out.float().sin().mean()` (BENCH.md: a loss of
 squares after a final norm is invariant and its gradients are noise). Hugging Face
 `transformers` and `timm` are imported only by the cases that need them. The suite's
-default set is gpt2, resnet18 and gpt_block_train; `vit_b16` (timm ViT-B/16, b32 at 224 px)
-is a model none of kiln's work was aimed at, run with `--models vit_b16`.
+default set: gpt2, resnet18, gpt_block_train, `vit_b16` (timm ViT-B/16, b32 at 224 px) and
+`convnext_tiny` (timm ConvNeXt-T, b32 at 224 px: depthwise 7x7 convolutions, LayerNorm over
+channels, an MLP on channels-last activations; another architecture family).
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ def _vit(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tenso
     return model, [torch.randn(batch, 3, px, px, device=device, dtype=BF16)]
 
 
+def _convnext(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
+    import timm
+
+    name, batch, px = ("convnext_atto", 2, 32) if small else ("convnext_tiny", 32, 224)
+    model = timm.create_model(name, pretrained=False).to(device, BF16)
+    return model, [torch.randn(batch, 3, px, px, device=device, dtype=BF16)]
+
+
 def _gpt_block(device: torch.device, small: bool) -> tuple[nn.Module, list[torch.Tensor]]:
     from bench.cases import case
 
@@ -69,13 +78,14 @@ MODELS: dict[str, ModelCase] = {
                       lambda m, xs: m(input_ids=xs[0], use_cache=False).last_hidden_state),
     "resnet18": ModelCase("resnet18", _resnet18, lambda m, xs: m(*xs)),
     "vit_b16": ModelCase("vit_b16", _vit, lambda m, xs: m(*xs)),
+    "convnext_tiny": ModelCase("convnext_tiny", _convnext, lambda m, xs: m(*xs)),
     "gpt_block_train": ModelCase("gpt_block_train", _gpt_block, lambda m, xs: m(*xs)),
 }
 STEPS = ("infer", "train")
 
 
 # The packages a model of the set is made with, beyond torch (none: the model is this project's).
-NEEDS = {"gpt2": "transformers", "resnet18": "timm", "vit_b16": "timm"}
+NEEDS = {"gpt2": "transformers", "resnet18": "timm", "vit_b16": "timm", "convnext_tiny": "timm"}
 
 
 def missing_package(model: str) -> str | None:
@@ -125,12 +135,15 @@ def step_fn(case: ModelCase, step: str, module: nn.Module, inputs: list[torch.Te
 
 def compiled(path: str, module: nn.Module) -> nn.Module:
     """`module` as a benchmark path runs it: `eager` as it is, `inductor_ro` through
-    `torch.compile(mode="reduce-overhead")` (CUDA graphs), other `inductor...` paths through
+    `torch.compile(mode="reduce-overhead")` (CUDA graphs), `inductor_ma` through
+    `mode="max-autotune"`, other `inductor...` paths through
     `torch.compile`'s default, `kiln...` through `backend="kiln"` (`kiln.remote_compile`)."""
     if path == "eager":
         return module
     if path == "inductor_ro":
         return torch.compile(module, mode="reduce-overhead")
+    if path == "inductor_ma":
+        return torch.compile(module, mode="max-autotune")
     if path.startswith("inductor"):
         return torch.compile(module)
     import kiln

@@ -34,7 +34,7 @@ def schedule_for(program: Program, ghash: str, target: Any) -> Schedule:
     gpu = _is_gpu(tj)
     kernels = []
     for group in program.kernels:
-        variant, config = kinds.heuristic(group, gpu)
+        variant, config = kinds.heuristic(group, gpu, str(tj.get("arch", "")))
         kernels.append(KernelChoice(
             name=group.name, kind=group.kind, variant=variant,
             nodes=tuple(program.origin_names(group.members + group.inlined)),

@@ -64,11 +64,11 @@ def variant_order() -> tuple[str, ...]:
     return tuple(v for kind in KINDS for v in kind.tie_order)
 
 
-def heuristic(group: KernelGroup, gpu: bool) -> Point:
-    """Heuristic (variant, config) of one kernel: the first kind serving its group kind
-    that claims it."""
+def heuristic(group: KernelGroup, gpu: bool, arch: str = "") -> Point:
+    """Heuristic (variant, config) of one kernel on a GPU of class `arch` (or the CPU): the
+    first kind serving its group kind that claims it."""
     for kind in kinds_for(group.kind):
-        point = kind.heuristic(group, gpu)
+        point = kind.heuristic(group, gpu, arch)
         if point is not None:
             return point
     raise ValueError(f"kernel {group.name}: no kind claims a {group.kind!r} group")

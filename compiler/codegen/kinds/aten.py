@@ -17,10 +17,9 @@ from compiler.codegen import pointwise
 from compiler.codegen.kinds import matmul as matmul_kind
 from compiler.codegen.kinds import pointwise as pointwise_kind
 from compiler.codegen.kinds.base import Config, KernelKind, Point, cdiv, writer
+from compiler.codegen.kinds.matmul_choice import library_wins
 from compiler.codegen.writer import Generated
 from compiler.ir import KernelGroup
-
-ATEN_MATMUL_FLOPS = 1 << 33  # on GPUs, matmuls this big go to cuBLAS (epilogue: a kernel)
 
 
 class AtenKind(KernelKind):
@@ -35,12 +34,13 @@ class AtenKind(KernelKind):
     def validate(self, variant: str, config: dict[str, Any], sizes: dict[str, int], name: str) -> None:
         """Any config: it does not apply to the call (it is the template's, kept)."""
 
-    def heuristic(self, group: KernelGroup, gpu: bool) -> Point | None:
-        """cuBLAS for big matmuls on a GPU (H200, 8192x4096x4096 bf16 + GELU: 0.42 ms with
-        cuBLAS and an epilogue kernel, 0.49-0.62 ms for the template's configs)."""
+    def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point | None:
+        """The library call on a GPU where the GPU class's measurements say it is at least
+        as fast as the template (`matmul_choice`); never on the CPU (the interpreter)."""
         sizes = group.sizes
-        flops = 2 * sizes["batch"] * sizes["M"] * sizes["N"] * sizes["K"]
-        if not gpu or flops < ATEN_MATMUL_FLOPS:
+        epilogue = len(group.members) > len(group.anchors)
+        if not gpu or not library_wins(arch, sizes["batch"], sizes["M"], sizes["N"], sizes["K"],
+                                       epilogue):
             return None
         return "aten", matmul_kind.config_for(group, gpu)
 

@@ -79,9 +79,9 @@ class KernelKind:
         """Raise ValueError, naming the kernel and the key, for a config invalid for this kind."""
         validate_keys(self.config_keys, config, name)
 
-    def heuristic(self, group: KernelGroup, gpu: bool) -> Point | None:
+    def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point | None:
         """(variant, config) chosen without measuring, or None when this kind leaves the
-        group to the next kind serving it."""
+        group to the next kind serving it; `arch` names the GPU class (`sm_90`), or is empty."""
         raise NotImplementedError
 
     def space(self, kernel: dict[str, Any]) -> list[Point]:

@@ -75,7 +75,7 @@ class MatmulKind(KernelKind):
         if not 1 <= config["GROUP_M"] <= 64:
             raise ValueError(f"{name}: GROUP_M must be in 1..64, got {config['GROUP_M']}")
 
-    def heuristic(self, group: KernelGroup, gpu: bool) -> Point:
+    def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point:
         return "triton", config_for(group, gpu)
 
     def space(self, kernel: dict[str, Any]) -> list[Point]:

@@ -42,7 +42,7 @@ class PointwiseKind(KernelKind):
     config_keys = ("XBLOCK", "num_warps", "num_stages")
     trial_variant = "pointwise"
 
-    def heuristic(self, group: KernelGroup, gpu: bool) -> Point:
+    def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point:
         return "pointwise", config_for(group.domain.xnumel, gpu)
 
     def space(self, kernel: dict[str, Any]) -> list[Point]:

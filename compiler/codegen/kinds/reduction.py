@@ -208,7 +208,7 @@ class ReductionKind(KernelKind):
             raise ValueError(f"{name}: {variant} needs RBLOCK >= rnumel ({sizes['rnumel']}), "
                              f"got {config['RBLOCK']}")
 
-    def heuristic(self, group: KernelGroup, gpu: bool) -> Point:
+    def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point:
         return config_for(group, gpu)
 
     def space(self, kernel: dict[str, Any]) -> list[Point]:

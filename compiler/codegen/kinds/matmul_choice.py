@@ -1,0 +1,33 @@
+"""Library call or Triton template for one matmul: chosen from measurements of the GPU
+class (`matmul_table.MEASURED`, written by `python -m bench.matmul_table`).
+
+A product takes the choice of the nearest measured shape (distance: the sum of the
+log2 ratios of M (times the batch), N and K) with the same epilogue flag. A GPU class
+without a table, or a product far from every measured shape, follows the rule those
+measurements show on an H200: cuBLAS from about a GFLOP up, the template below, where
+its fused epilogue saves a kernel and a round trip through memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.codegen.kinds.matmul_table import MEASURED
+
+LIBRARY_FLOPS = 1 << 30  # the rule without a nearby measurement
+# Farther than this (in summed log2 steps) a measured shape says nothing of a product.
+NEAREST_RANGE = 3.0
+
+
+def library_wins(arch: str, batch: int, m: int, n: int, k: int, epilogue: bool) -> bool:
+    """Whether a `batch` x (M x K) @ (K x N) product runs faster as the library call."""
+    rows = [r for r in MEASURED.get(arch, ()) if r[3] == epilogue]
+    point = (math.log2(max(1, batch * m)), math.log2(max(1, n)), math.log2(max(1, k)))
+    best, best_distance = None, NEAREST_RANGE
+    for row in rows:
+        distance = sum(abs(a - math.log2(b)) for a, b in zip(point, row[:3], strict=True))
+        if distance <= best_distance:
+            best, best_distance = row, distance
+    if best is not None:
+        return best[4]
+    return 2 * batch * m * n * k >= LIBRARY_FLOPS

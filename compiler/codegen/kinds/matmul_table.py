@@ -1,0 +1,3 @@
+"""Measured matmul choices per GPU class: none measured yet."""
+
+MEASURED: dict[str, tuple[tuple[int, int, int, bool, bool], ...]] = {}
