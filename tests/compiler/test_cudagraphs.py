@@ -98,13 +98,15 @@ def test_moving_inputs_are_copied_and_parameters_read_in_place(graph: _Graph) ->
     weight = torch.randn(4)
     assert runner([torch.randn(4), weight]) is None  # first call: plain launches
     replayed = []
-    for _ in range(3):  # the activation moves every call; the weight stays
+    for _ in range(4):  # the activation moves every call; the weight stays
         x = torch.randn(4)
         (got,), did = _call(runner, run, [x, weight])
         replayed.append(did)
         torch.testing.assert_close(got, x * 2 + weight)
         del got
-    assert replayed == [True, True, True] and runner.staged == [0]
+    # The second call waits: an input that moves once may be settling, one that moves on
+    # two calls in a row moves every call, and is copied in.
+    assert replayed == [False, True, True, True] and runner.staged == [0]
     assert [i for i, _ in runner.direct] == [1]
     weight.add_(1.0)  # updated in place (an optimizer step): the graph sees it
     x = torch.randn(4)
@@ -133,6 +135,7 @@ def test_an_output_a_caller_keeps_is_never_overwritten(graph: _Graph) -> None:
     runner = cg.GraphRunner(run, steps=2)
     w = torch.randn(4)
     runner([torch.randn(4), w])
+    runner([torch.randn(4), w])  # x moves on every call: the runner sees it twice, then captures
     x1 = torch.randn(4)
     (kept,), did = _call(runner, run, [x1, w])
     assert did and kept.data_ptr() == runner.bases[0].data_ptr()
@@ -157,9 +160,9 @@ def test_a_moved_parameter_makes_one_call_run_without_the_graph(graph: _Graph) -
     run, runner, x, w = _primed(graph)
     assert _call(runner, run, [x, w])[1] and [i for i, _ in runner.direct] == [0, 1]
     for n in range(4):
-        w = torch.randn(4)  # a new (small) "parameter" every call: copied after one miss
+        w = torch.randn(4)  # a new (small) "parameter" every call: copied after two misses
         (got,), did = _call(runner, run, [x, w])
-        assert did == (n >= 1)  # the miss, then the call that captures with w copied
+        assert did == (n >= 2)  # the miss, a wait (w may settle), then a capture copying w
         torch.testing.assert_close(got, x * 2 + w)
         del got
     assert runner.recaptures == 1 and runner.staged == [1]
@@ -188,7 +191,7 @@ def test_big_copies_wait_and_then_are_not_worth_a_graph(graph: _Graph) -> None:
     run = _affine(graph)
     runner = cg.GraphRunner(run, steps=2)
     big = (cg.COPY_BYTES_PER_STEP * 2) // 4 + 1
-    for _ in range(cg.MAX_WAIT + 2):
+    for _ in range(2 * cg.MAX_WAIT + 2):
         assert runner([torch.randn(big), torch.randn(1)]) is None
     assert runner.failed
 
@@ -214,7 +217,9 @@ def test_a_backward_reads_its_forwards_outputs_in_place(graph: _Graph) -> None:
 
     fr, br = cg.GraphRunner(fwd, steps=2), cg.GraphRunner(bwd, steps=2)
     big = torch.randn(64)
-    fr.max_copy_bytes = br.max_copy_bytes = 8  # the saved activation is too large to copy
+    # The saved activation is small enough to copy: the backward still waits for it to settle
+    # rather than copy it in on every replay (resnet18's training backward copied 78 inputs).
+    assert 64 * 4 < br.max_copy_bytes
     w = torch.randn(64)
     for _ in range(6):
         (saved,), _ = _call(fr, fwd, [big, w])

@@ -46,6 +46,27 @@ def test_the_aten_call_claims_only_big_matmuls_on_a_gpu() -> None:
     assert kinds.heuristic(small, gpu=True)[0] == "triton"
 
 
+def test_the_matmul_choice_follows_the_gpu_classs_measurements() -> None:
+    """The nearest measured shape of the target's GPU class decides (with the same epilogue
+    flag); far from every measurement, or on a class without a table, the FLOP rule."""
+    from compiler.codegen.kinds import matmul_choice
+    from compiler.codegen.kinds.matmul_table import MEASURED
+
+    lost = [r for r in MEASURED["sm_90"] if not r[4]]
+    assert lost, "the table should hold a shape where the template won"
+    m, n, k, epilogue, _ = lost[0]
+    assert not matmul_choice.library_wins("sm_90", 1, m, n, k, epilogue)
+    assert matmul_choice.library_wins("sm_90", 1, m, n, k, not epilogue)  # the other flag's row
+    # A ViT-B/16 MLP product with its GELU (6304 tokens): near measured rows the library won.
+    assert matmul_choice.library_wins("sm_90", 1, 6304, 3072, 768, True)
+    # Batched products count their batch into M.
+    assert matmul_choice.library_wins("sm_90", 96, 64, 3072, 768, True)
+    tiny = (1, 32, 256, 128)
+    assert not matmul_choice.library_wins("sm_90", *tiny, False)  # far from every row: the rule
+    assert not matmul_choice.library_wins("sm_75", *tiny, False)
+    assert matmul_choice.library_wins("sm_75", 1, 4096, 4096, 4096, True)
+
+
 def _mlp(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     h = torch.relu(x @ w) * 2.0
     return h, torch.softmax(h, dim=-1), x.exp() + 1
