@@ -299,7 +299,7 @@ def _convert(entry: CompiledGraph, example_inputs: list[Any], count: bool = True
 
     from compiler.wire.graph import to_wire_and_graph
 
-    if entry.device.type == "cpu" and not compiler.runs_on_cpu():
+    if _runs_eagerly_here(entry.device):
         degrade.warn_once("cpu_eager")
         if count:
             degrade.count("eager")
@@ -357,8 +357,12 @@ PUBLISH_AT_EXIT_S = 10.0  # at exit, how long plans still being stored are waite
 def _plan_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
               config: kiln_config.Config) -> str | None:
     """The dynamo graph's plan key, or None: plans are off, there is nowhere to keep one,
-    or the graph cannot be keyed (then it goes through AOTAutograd, unrecorded)."""
+    the graph runs eagerly here (`_runs_eagerly_here`: a plan's graphs would be built for
+    a device that cannot run them; AOTAutograd's compilers warn and leave them eager), or
+    the graph cannot be keyed (then it goes through AOTAutograd, unrecorded)."""
     if not config.plans or (config.url is None and not config.cache):
+        return None
+    if _runs_eagerly_here(_device_of(example_inputs)):
         return None
     if has_symbolic_sizes(gm, list(example_inputs)):
         return None
@@ -732,6 +736,13 @@ def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
         return tuple(scalars[i] if i in scalars else next(produced) for i in range(count))
 
     return run
+
+
+def _runs_eagerly_here(device: torch.device) -> bool:
+    """Whether kiln leaves a graph on `device` eager in this process: a CPU graph without
+    Triton's interpreter (TRITON_INTERPRET=1), where Triton cannot run kiln's kernels. The
+    one device check of both paths, AOTAutograd's (`_convert`) and a plan's (`_plan_key`)."""
+    return device.type == "cpu" and not compiler.runs_on_cpu()
 
 
 def _device_of(example_inputs: Sequence[Any]) -> torch.device:
