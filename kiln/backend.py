@@ -28,7 +28,7 @@ from kiln import config as kiln_config
 from kiln import degrade, plans
 from kiln.background import Compiler
 from kiln.cache import PlanCache
-from kiln.client import ServiceError
+from kiln.client import ServiceError, check_url
 from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
 from kiln.gc_pause import gc_paused
 from kiln.poller import Poller
@@ -70,6 +70,7 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         degrade.warn_once("config", str(exc))
         degrade.count("eager")
         return gm
+    config = _with_usable_url(config)
 
     _start_compile_workers(expect_binaries=config.url is not None and config.binaries
                            and config.mode == "wait")
@@ -110,6 +111,20 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         log.debug("kiln: AOTAutograd failed", exc_info=True)
         degrade.count("eager")
         return gm
+
+
+def _with_usable_url(config: kiln_config.Config) -> kiln_config.Config:
+    """`config`, or without its service when its URL is not one kiln can talk to (warned
+    once as a bad setting): the graphs build locally, as with KILN_URL=off."""
+    if config.url is None:
+        return config
+    try:
+        check_url(config.url)
+    except ValueError as exc:
+        degrade.warn_once("config", str(exc), action="building graphs locally without the "
+                          "service (as with KILN_URL=off) until it is fixed")
+        return dataclasses.replace(config, url=None)
+    return config
 
 
 def _start_compile_workers(expect_binaries: bool) -> None:
@@ -235,7 +250,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     Returns a `CompiledGraph` (swappable: the tuned build replaces the heuristic one between
     calls), a `PerShapeGraph` for graphs with symbolic sizes, or `gm` itself (eager).
     """
-    config = config or kiln_config.current()
+    config = _with_usable_url(config or kiln_config.current())
     resolver = _resolver(config)
     tag = tag if tag is not None else config.tag
     degrade.count("graphs")

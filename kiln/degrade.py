@@ -82,8 +82,9 @@ _timeline: list[tuple[str, str, float, float, float | None]] = []
 TIMELINE_MAX = 2000  # steps kept; a long job's later ones are dropped
 
 
-def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
-    """Warn about `cause` (a key of `CAUSES`) unless this process already did.
+def warn_once(cause: str, detail: str = "", action: str | None = None, **fmt: str) -> bool:
+    """Warn about `cause` (a key of `CAUSES`) unless this process already did; `action`
+    says what kiln does instead where that is not the cause's usual fallback.
 
     Every call is counted (`stats()["fallbacks"]`); only the first per cause warns.
     Returns whether a warning was emitted.
@@ -95,7 +96,7 @@ def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
             return False
         _warned.add(cause)
     what = CAUSES.get(cause, cause).format(url=fmt.get("url", "?"))
-    message = f"kiln [{cause}]: {what}; {_ACTIONS.get(cause, 'falling back')}."
+    message = f"kiln [{cause}]: {what}; {action or _ACTIONS.get(cause, 'falling back')}."
     if detail:
         message += f" ({detail})"
     warnings.warn(message, KilnWarning, stacklevel=2)
