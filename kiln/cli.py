@@ -290,9 +290,30 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from service.migrate import upgrade
 
     settings = _settings()
+    _check_revision(settings.database_url, args.revision)
     upgrade(settings.database_url, args.revision)
     print(f"kiln: database at {_where(settings.database_url)} is at {args.revision}")
     return 0
+
+
+REVISION_HINT = "give a revision in migrations/versions/, or none for the latest (head)"
+
+
+def _check_revision(url: str, revision: str) -> None:
+    """Refuse a revision the migrations do not have before connecting (Alembic's own
+    error comes after its log lines, as a traceback); relative ones (`+1`, `head-2`) are
+    left to Alembic, whose error `_run` makes one line as well."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from service.migrate import alembic_config
+
+    if re.search(r"[+-]\d+$", revision):
+        return
+    try:
+        ScriptDirectory.from_config(alembic_config(url)).get_revisions(revision)
+    except CommandError as exc:
+        raise SystemExit(f"kiln db upgrade: {exc}; {REVISION_HINT}") from None
 
 
 def cmd_db_prune(args: argparse.Namespace) -> int:
@@ -379,12 +400,15 @@ def _run(args: argparse.Namespace) -> int:
 def _service_error(exc: Exception) -> str | None:
     """A sentence for an unreachable database or queue, or None for any other error."""
     try:
+        from alembic.util import CommandError
         from redis.exceptions import ConnectionError as RedisConnectionError
         from sqlalchemy.exc import DBAPIError
 
         from service.queue import QueueUnavailable
     except ImportError:  # the client install: no service commands ran
         return None
+    if isinstance(exc, CommandError):  # Alembic's: a revision it cannot reach
+        return f"{exc}; {REVISION_HINT}"
     if isinstance(exc, DBAPIError):
         return f"database error: {_one_line(exc)}; check KILN_DATABASE_URL (does the database exist?)"
     if isinstance(exc, RedisConnectionError | QueueUnavailable):
