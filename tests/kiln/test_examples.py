@@ -27,6 +27,11 @@ def test_example_exits_nonzero_when_graphs_ran_eagerly(tmp_path: Path) -> None:
     assert "FAILED: 1 graph(s) ran eagerly" in out.stdout and "TRITON_INTERPRET=1" in out.stdout
     assert "\nOK" not in out.stdout
     assert out.stderr.count("kiln [cpu_eager]") == 1, out.stderr  # one warning, printed once
+    # It points at the user's line, not at kiln's own source.
+    lines = out.stderr.splitlines()
+    warning = next(i for i, line in enumerate(lines) if "kiln [cpu_eager]" in line)
+    assert lines[warning].startswith(str(ROOT / "examples" / "seed_mlp.py") + ":"), out.stderr
+    assert lines[warning + 1].strip() == "got = compiled(x)", out.stderr
 
 
 def test_example_passes_when_kiln_built_the_graph(tmp_path: Path) -> None:
