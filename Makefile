@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-# Prints the dashboard URL and where the admin token is kept (it survives restarts).
+# Ends its start with the API and dashboard URLs and how to log in (the admin token survives
+# restarts). Another port: `make serve PORT=8001` (or `KILN_PORT=8001 make serve`).
 serve: install
-	$(VENV)/bin/kiln serve
+	$(VENV)/bin/kiln serve $(if $(PORT),--port $(PORT))
 
 lint: install
 	$(VENV)/bin/ruff check .

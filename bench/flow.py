@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -129,8 +130,9 @@ class Service:
 
     def _start(self, name: str, cmd: list[str]) -> None:
         log = (self.logs / f"{name}.log").open("w")
+        # A process group of its own: `stop` ends what the process started and left.
         self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log,
-                                           stderr=subprocess.STDOUT))
+                                           stderr=subprocess.STDOUT, start_new_session=True))
 
     def _wait_healthy(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
@@ -151,6 +153,8 @@ class Service:
         return _get(f"{self.url}/v1/admin/entries/{key}", self.token)
 
     def stop(self) -> None:
+        """Stop each process, then end whatever it left running in its group (a process
+        killed past the 30 s leaves its children)."""
         for proc in reversed(self.procs):
             proc.terminate()
         for proc in reversed(self.procs):
@@ -158,6 +162,11 @@ class Service:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):  # nothing left in the group
+                pass
 
 
 # ---- orchestration --------------------------------------------------------------------------

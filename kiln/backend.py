@@ -28,7 +28,7 @@ from kiln import config as kiln_config
 from kiln import degrade, plans
 from kiln.background import Compiler
 from kiln.cache import PlanCache
-from kiln.client import ServiceError
+from kiln.client import ServiceError, check_url
 from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
 from kiln.gc_pause import gc_paused
 from kiln.poller import Poller
@@ -70,6 +70,7 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         degrade.warn_once("config", str(exc))
         degrade.count("eager")
         return gm
+    config = _with_usable_url(config)
 
     _start_compile_workers(expect_binaries=config.url is not None and config.binaries
                            and config.mode == "wait")
@@ -110,6 +111,20 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         log.debug("kiln: AOTAutograd failed", exc_info=True)
         degrade.count("eager")
         return gm
+
+
+def _with_usable_url(config: kiln_config.Config) -> kiln_config.Config:
+    """`config`, or without its service when its URL is not one kiln can talk to (warned
+    once as a bad setting): the graphs build locally, as with KILN_URL=off."""
+    if config.url is None:
+        return config
+    try:
+        check_url(config.url)
+    except ValueError as exc:
+        degrade.warn_once("config", str(exc), action="building graphs locally without the "
+                          "service (as with KILN_URL=off) until it is fixed")
+        return dataclasses.replace(config, url=None)
+    return config
 
 
 def _start_compile_workers(expect_binaries: bool) -> None:
@@ -235,7 +250,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     Returns a `CompiledGraph` (swappable: the tuned build replaces the heuristic one between
     calls), a `PerShapeGraph` for graphs with symbolic sizes, or `gm` itself (eager).
     """
-    config = config or kiln_config.current()
+    config = _with_usable_url(config or kiln_config.current())
     resolver = _resolver(config)
     tag = tag if tag is not None else config.tag
     degrade.count("graphs")
@@ -299,7 +314,7 @@ def _convert(entry: CompiledGraph, example_inputs: list[Any], count: bool = True
 
     from compiler.wire.graph import to_wire_and_graph
 
-    if entry.device.type == "cpu" and not compiler.runs_on_cpu():
+    if _runs_eagerly_here(entry.device):
         degrade.warn_once("cpu_eager")
         if count:
             degrade.count("eager")
@@ -357,8 +372,12 @@ PUBLISH_AT_EXIT_S = 10.0  # at exit, how long plans still being stored are waite
 def _plan_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
               config: kiln_config.Config) -> str | None:
     """The dynamo graph's plan key, or None: plans are off, there is nowhere to keep one,
-    or the graph cannot be keyed (then it goes through AOTAutograd, unrecorded)."""
+    the graph runs eagerly here (`_runs_eagerly_here`: a plan's graphs would be built for
+    a device that cannot run them; AOTAutograd's compilers warn and leave them eager), or
+    the graph cannot be keyed (then it goes through AOTAutograd, unrecorded)."""
     if not config.plans or (config.url is None and not config.cache):
+        return None
+    if _runs_eagerly_here(_device_of(example_inputs)):
         return None
     if has_symbolic_sizes(gm, list(example_inputs)):
         return None
@@ -732,6 +751,13 @@ def _specialise(gm: torch.fx.GraphModule, args: tuple[Any, ...],
         return tuple(scalars[i] if i in scalars else next(produced) for i in range(count))
 
     return run
+
+
+def _runs_eagerly_here(device: torch.device) -> bool:
+    """Whether kiln leaves a graph on `device` eager in this process: a CPU graph without
+    Triton's interpreter (TRITON_INTERPRET=1), where Triton cannot run kiln's kernels. The
+    one device check of both paths, AOTAutograd's (`_convert`) and a plan's (`_plan_key`)."""
+    return device.type == "cpu" and not compiler.runs_on_cpu()
 
 
 def _device_of(example_inputs: Sequence[Any]) -> torch.device:

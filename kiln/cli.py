@@ -69,7 +69,8 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise SystemExit(f"kiln serve: cannot listen on {host}:{port}: {exc.strerror}; is "
-                             "another kiln serve running? Choose another --port") from None
+                             "another kiln serve running? Choose another port: --port 8001, "
+                             "or KILN_PORT=8001 (`make serve PORT=8001`)") from None
 
 
 def admin_token_file(database_url: str) -> Path | None:
@@ -99,26 +100,26 @@ def persistent_admin_token(path: Path) -> tuple[str, bool]:
     return token, True
 
 
-def _admin_token(settings: Any) -> Any:
+def _admin_token(settings: Any) -> tuple[Any, str]:
     """Settings with an admin token: KILN_ADMIN_TOKEN, else the embedded default's stored
-    one, else one for this run only. Prints where the operator finds it."""
+    one, else one for this run only; and how the operator logs in with it (the start
+    banner's line: a token kept in a file is printed when created, later its file and the
+    command that prints it)."""
     if settings.admin_token:
-        return settings
+        return settings, "log in with the admin token in KILN_ADMIN_TOKEN"
     path = admin_token_file(settings.database_url)
     if path is None:
         from service.auth import new_token
 
         token = new_token()
-        print(f"kiln: admin token for this run (set KILN_ADMIN_TOKEN to keep one): {token}",
-              flush=True)
+        login = f"log in with this run's admin token (set KILN_ADMIN_TOKEN to keep one): {token}"
     else:
         token, created = persistent_admin_token(path)
         if created:
-            print(f"kiln: new admin token, kept in {path} for later starts: {token}", flush=True)
+            login = f"log in with the new admin token (kept in {path}): {token}"
         else:
-            print(f"kiln: admin token in {path} (set KILN_ADMIN_TOKEN to choose one)",
-                  flush=True)
-    return settings.model_copy(update={"admin_token": token})
+            login = f"log in with the admin token in {path} (print it: cat {path})"
+    return settings.model_copy(update={"admin_token": token}), login
 
 
 def _dashboard_url(settings: Any) -> str:
@@ -148,7 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         upgrade(settings.database_url)  # embedded default: the SQLite file needs no setup step
     _require_migrated(settings.database_url)
-    settings = _admin_token(settings)
+    settings, login = _admin_token(settings)
     gpus = _serve_gpus(args.gpus, settings.redis_url is None, args.workers)
     if embedded:
         # CPU targets are checked on the interpreter; GPU tuning children turn it off.
@@ -163,7 +164,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{_where(settings.database_url)}; queue "
           f"{'redis' if settings.redis_url else 'in-process'}; {args.workers} process(es)",
           flush=True)
-    print(f"kiln: dashboard {_dashboard_url(settings)} (log in with the admin token)", flush=True)
     print(f"kiln: tuning on {', '.join(gpus)}" if gpus else
           "kiln: no GPU tuning worker (--gpus none, or no GPU visible): schedules stay heuristic "
           "until a `kiln worker --device cuda:N` joins", flush=True)
@@ -176,6 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             import tempfile
 
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kiln-metrics-")
+        _print_banner(settings, login)  # the processes start after: no later hook here
         uvicorn.run("service.api.app:app_from_env", factory=True, workers=args.workers,
                     host=settings.host, port=settings.port, log_level=args.log_level,
                     access_log=False, **uvicorn_options())
@@ -183,9 +184,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from service.api.app import create_app
 
     app = create_app(settings, embedded_worker=embedded, gpu_devices=gpus)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                access_log=False, **uvicorn_options())
-    return 0
+
+    class BannerServer(uvicorn.Server):
+        """Prints the start banner once the app has started: the last lines of a start."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                _print_banner(settings, login)
+
+    server = BannerServer(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                         log_level=args.log_level, access_log=False,
+                                         **uvicorn_options()))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else 3  # uvicorn's exit status for a failed start
+
+
+def _print_banner(settings: Any, login: str) -> None:
+    """Where the API and the dashboard are, how to log in, how to stop."""
+    api = _dashboard_url(settings).removesuffix("/admin")
+    print(f"kiln: ready: API {api}, dashboard {_dashboard_url(settings)}\n"
+          f"kiln: {login}\n"
+          "kiln: stop with Ctrl-C", flush=True)
 
 
 def _serve_gpus(spec: str | None, embedded_queue: bool, api_processes: int) -> list[str]:
@@ -290,9 +313,30 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from service.migrate import upgrade
 
     settings = _settings()
+    _check_revision(settings.database_url, args.revision)
     upgrade(settings.database_url, args.revision)
     print(f"kiln: database at {_where(settings.database_url)} is at {args.revision}")
     return 0
+
+
+REVISION_HINT = "give a revision in migrations/versions/, or none for the latest (head)"
+
+
+def _check_revision(url: str, revision: str) -> None:
+    """Refuse a revision the migrations do not have before connecting (Alembic's own
+    error comes after its log lines, as a traceback); relative ones (`+1`, `head-2`) are
+    left to Alembic, whose error `_run` makes one line as well."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from service.migrate import alembic_config
+
+    if re.search(r"[+-]\d+$", revision):
+        return
+    try:
+        ScriptDirectory.from_config(alembic_config(url)).get_revisions(revision)
+    except CommandError as exc:
+        raise SystemExit(f"kiln db upgrade: {exc}; {REVISION_HINT}") from None
 
 
 def cmd_db_prune(args: argparse.Namespace) -> int:
@@ -379,12 +423,15 @@ def _run(args: argparse.Namespace) -> int:
 def _service_error(exc: Exception) -> str | None:
     """A sentence for an unreachable database or queue, or None for any other error."""
     try:
+        from alembic.util import CommandError
         from redis.exceptions import ConnectionError as RedisConnectionError
         from sqlalchemy.exc import DBAPIError
 
         from service.queue import QueueUnavailable
     except ImportError:  # the client install: no service commands ran
         return None
+    if isinstance(exc, CommandError):  # Alembic's: a revision it cannot reach
+        return f"{exc}; {REVISION_HINT}"
     if isinstance(exc, DBAPIError):
         return f"database error: {_one_line(exc)}; check KILN_DATABASE_URL (does the database exist?)"
     if isinstance(exc, RedisConnectionError | QueueUnavailable):

@@ -20,7 +20,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit
 
 from compiler.runtime.gil import short_switch_interval
 
@@ -93,14 +93,26 @@ class Binary:
 BINARY_KEYS_PER_REQUEST = 128  # a query string of 128 keys stays well under 16 KiB
 
 
+def check_url(url: str) -> SplitResult:
+    """`url`'s parts when it names a service kiln can talk to (http or https, with a host);
+    raises ValueError naming KILN_URL otherwise."""
+    parts = urlsplit(url)
+    try:
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) \
+            and parts.port != 0
+    except ValueError:  # a port that is not a number, or out of range
+        usable = False
+    if not usable:
+        raise ValueError(f"KILN_URL must be an http(s) URL, not {url!r}")
+    return parts
+
+
 class ServiceClient:
     """Talks to one kiln service. Thread-safe: each request opens its own connection."""
 
     def __init__(self, url: str, token: str | None = None, connect_timeout: float = 2.0,
                  request_timeout: float = 10.0, retries: int = 2) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"KILN_URL must be an http(s) URL, not {url!r}")
+        parts = check_url(url)
         self.url = url.rstrip("/")
         self._scheme = parts.scheme
         self._host = parts.hostname

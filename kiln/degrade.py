@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 import warnings
@@ -82,8 +84,9 @@ _timeline: list[tuple[str, str, float, float, float | None]] = []
 TIMELINE_MAX = 2000  # steps kept; a long job's later ones are dropped
 
 
-def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
-    """Warn about `cause` (a key of `CAUSES`) unless this process already did.
+def warn_once(cause: str, detail: str = "", action: str | None = None, **fmt: str) -> bool:
+    """Warn about `cause` (a key of `CAUSES`) unless this process already did; `action`
+    says what kiln does instead where that is not the cause's usual fallback.
 
     Every call is counted (`stats()["fallbacks"]`); only the first per cause warns.
     Returns whether a warning was emitted.
@@ -95,11 +98,41 @@ def warn_once(cause: str, detail: str = "", **fmt: str) -> bool:
             return False
         _warned.add(cause)
     what = CAUSES.get(cause, cause).format(url=fmt.get("url", "?"))
-    message = f"kiln [{cause}]: {what}; {_ACTIONS.get(cause, 'falling back')}."
+    message = f"kiln [{cause}]: {what}; {action or _ACTIONS.get(cause, 'falling back')}."
     if detail:
         message += f" ({detail})"
-    warnings.warn(message, KilnWarning, stacklevel=2)
+    _warn_at_user_code(message)
     return True
+
+
+def _internal_roots() -> tuple[str, ...]:
+    """Folders whose frames a warning skips: kiln's packages, torch and triton (dynamo's
+    frames between the user's call and kiln's), and the standard library (threads)."""
+    import sysconfig
+
+    roots = [sysconfig.get_paths()["stdlib"]]
+    for name in ("kiln", "compiler", "tuner", "torch", "triton"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            roots.append(os.path.dirname(os.path.abspath(module.__file__)))
+    return tuple(os.path.join(root, "") for root in roots)
+
+
+def _warn_at_user_code(message: str) -> None:
+    """Warn with the location of the innermost frame of the user's code (the line that
+    called the compiled model), not kiln's own source; on kiln's own threads there is
+    none, and the warning names `kiln` with no source line under it."""
+    roots = _internal_roots()
+    frame = sys._getframe(2)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(roots):
+        frame = frame.f_back
+    if frame is None:
+        warnings.warn_explicit(message, KilnWarning, "kiln", 0, module="kiln")
+        return
+    warnings.warn_explicit(message, KilnWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__", "__main__"),
+                           registry=frame.f_globals.setdefault("__warningregistry__", {}),
+                           module_globals=frame.f_globals)
 
 
 def count(name: str, n: int = 1) -> None:

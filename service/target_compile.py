@@ -109,6 +109,25 @@ def _drop_pool(kill: bool) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+def shutdown(timeout_s: float = 10.0) -> None:
+    """End the compile process (the service stopping), killing it past `timeout_s` (a job
+    still compiling is retried after its lease). Left to exit handlers, it outlived a
+    `kiln serve` stopped by SIGTERM, with its resource tracker: uvicorn ends such a
+    process by raising the signal again once it has shut down, and no exit handler runs."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is None:
+        return
+    processes = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)  # an idle process exits at once
+    for proc in processes:
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def compile_kernels(built: Any, target: Any) -> TargetCompile:
     """Compile every Triton kernel of `built` (a `compiler.Built`) for the CUDA `target`
     through `tuner.aot.compile_launch`: kernel name -> compile facts (kernels that are ATen

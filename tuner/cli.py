@@ -42,6 +42,8 @@ def load_model(spec: str) -> tuple[Any, list[Any]]:
         sys.path.insert(0, str(path.parent.resolve()))
         try:
             module_spec.loader.exec_module(module)
+        except SyntaxError as exc:  # the file itself, not what its functions do
+            raise _model_error(spec, "loading", exc, hint="") from None
         except Exception as exc:
             raise _model_error(spec, "loading", exc) from None
     else:
@@ -186,11 +188,50 @@ def check_device(device: str) -> None:
                          "CUDA device(s) visible")
 
 
-def _model_error(spec: str, step: str, exc: Exception) -> SystemExit:
-    """One line for an exception raised by the user's model code."""
+INPUTS_HINT = " (check that example_inputs() fits the model)"
+
+
+def _model_error(spec: str, step: str, exc: Exception, hint: str = INPUTS_HINT) -> SystemExit:
+    """One line for an exception raised by the user's model code (a syntax error names
+    the file and line: its own text is `invalid syntax (model.py, line 3)`)."""
     first = next((ln for ln in str(exc).splitlines() if ln.strip()), "").strip()
-    return SystemExit(f"kiln tune: {step} {spec!r} failed: {type(exc).__name__}: {first} "
-                      "(check that example_inputs() fits the model)")
+    return SystemExit(f"kiln tune: {step} {spec!r} failed: {type(exc).__name__}: {first}{hint}")
+
+
+def check_output(path: str) -> None:
+    """Refuse, in one line and before any tuning, a --json path that cannot be written:
+    its results would be lost at the end of the tune."""
+    out = Path(path)
+    parent = out.parent
+    if out.is_dir():
+        problem = "is a directory"
+    elif not parent.is_dir():
+        problem = f"no such directory {str(parent)!r}"
+    elif not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        problem = "not writable"
+    else:
+        return
+    raise SystemExit(f"kiln tune: --json {path}: {problem}")
+
+
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
+    return number
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds > 0")
+    return number
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -199,9 +240,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default=None, type=_device,
                    help="cuda[:N] or cpu (default: cuda if available)")
     p.add_argument("--train", action="store_true", help="tune the backward graph too")
-    p.add_argument("--trials", type=int, default=None,
-                   help="trial budget per graph (default: 50, unbounded with --seconds)")
-    p.add_argument("--seconds", type=float, default=None, help="time budget per graph")
+    p.add_argument("--trials", type=_at_least_one, default=None,
+                   help="trial budget per graph, >= 1 (default: 50, unbounded with --seconds)")
+    p.add_argument("--seconds", type=_positive_seconds, default=None,
+                   help="time budget per graph")
     p.add_argument("--strategy", default="auto", choices=STRATEGIES,
                    help="search strategy (default: auto, by the size of each kernel's space)")
     p.add_argument("--json", dest="json_out", default=None, help="write every result to this file")
@@ -211,6 +253,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `kiln tune`; returns the process exit code."""
     args = parse_args(argv)
+    if args.json_out:
+        check_output(args.json_out)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

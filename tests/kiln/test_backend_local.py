@@ -495,6 +495,23 @@ def test_a_bad_environment_value_runs_eagerly_with_one_clear_warning(kiln_warnin
     assert "KILN_MODE" in str(warning.message)
 
 
+@pytest.mark.parametrize("url", ["notaurl", "ftp://x"])
+@pytest.mark.parametrize("plans", ["1", "0"])
+def test_a_url_that_is_not_http_builds_locally_with_one_config_warning(
+        kiln_warnings, monkeypatch, url, plans):
+    """KILN_URL=notaurl killed the job on the plan path (BackendCompilerFailed) and, with
+    plans off, was labelled an unsupported op: it is a bad setting, said once, and the
+    graphs build locally as with KILN_URL=off."""
+    monkeypatch.setenv("KILN_URL", url)
+    monkeypatch.setenv("KILN_PLANS", plans)
+    assert_close_losses(train_mlp(steps=2), train_mlp(steps=2, backend=None))
+    assert causes(kiln_warnings) == {"config": 1}
+    (warning,) = [w for w in kiln_warnings if issubclass(w.category, kiln.KilnWarning)]
+    assert "KILN_URL" in str(warning.message) and "without the service" in str(warning.message)
+    stats = kiln.stats()
+    assert stats["eager"] == 0 and stats["builds"] == 2 and stats["schedules_local"] == 2
+
+
 def test_cache_entries_are_json_schedules(kiln_state):
     kiln.configure(url=None)
     train_mlp(steps=1)

@@ -27,9 +27,27 @@ def test_example_exits_nonzero_when_graphs_ran_eagerly(tmp_path: Path) -> None:
     assert "FAILED: 1 graph(s) ran eagerly" in out.stdout and "TRITON_INTERPRET=1" in out.stdout
     assert "\nOK" not in out.stdout
     assert out.stderr.count("kiln [cpu_eager]") == 1, out.stderr  # one warning, printed once
+    # It points at the user's line, not at kiln's own source.
+    lines = out.stderr.splitlines()
+    warning = next(i for i, line in enumerate(lines) if "kiln [cpu_eager]" in line)
+    assert lines[warning].startswith(str(ROOT / "examples" / "seed_mlp.py") + ":"), out.stderr
+    assert lines[warning + 1].strip() == "got = compiled(x)", out.stderr
 
 
 def test_example_passes_when_kiln_built_the_graph(tmp_path: Path) -> None:
     out = run_example(tmp_path, TRITON_INTERPRET="1")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip().endswith("OK") and "kiln [" not in out.stderr
+
+
+def test_a_plan_stored_by_an_interpreter_run_falls_back_without_the_interpreter(
+        tmp_path: Path) -> None:
+    """The second run finds the first one's plan; without TRITON_INTERPRET its CPU graph
+    must still run eagerly with the one warning (it crashed in Triton's interpreter)."""
+    assert run_example(tmp_path, TRITON_INTERPRET="1").returncode == 0
+    assert list((tmp_path / "cache" / "plans").glob("??/*.json"))  # the plan the next run finds
+    out = run_example(tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FAILED: 1 graph(s) ran eagerly" in out.stdout, out.stdout + out.stderr
+    assert out.stderr.count("kiln [cpu_eager]") == 1, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr

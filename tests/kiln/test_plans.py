@@ -11,10 +11,11 @@ import pytest
 import torch
 from torch import nn
 
+import compiler
 import kiln
 from kiln import backend, plans
 from kiln.cache import PlanCache
-from tests.kiln.helpers import ConvBN, assert_same_step, fresh_process, step_outputs
+from tests.kiln.helpers import ConvBN, assert_same_step, causes, fresh_process, step_outputs
 
 pytestmark = pytest.mark.usefixtures("kiln_state")
 
@@ -173,6 +174,21 @@ def test_plans_off_records_and_uses_none(kiln_state):
         fresh_process()
         step_outputs(copy.deepcopy(model), x, compiled=True)
     assert not _plan_files(kiln_state) and "plans_used" not in kiln.stats()
+
+
+def test_a_stored_plan_runs_eagerly_on_the_cpu_without_the_interpreter(
+        kiln_state, monkeypatch, kiln_warnings):
+    """A plan recorded by an interpreter run must not make a later run without
+    TRITON_INTERPRET=1 build CPU kernels that Triton cannot run there: the planned path
+    takes the same device check as AOTAutograd's (`kiln [cpu_eager]`, eager, same step)."""
+    model, x, want, _ = _recorded(kiln_state)
+    fresh_process()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not compiler.runs_on_cpu()
+    assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
+    stats = kiln.stats()
+    assert causes(kiln_warnings) == {"cpu_eager": 1}
+    assert "plans_used" not in stats and stats.get("builds", 0) == 0
 
 
 def _dynamo_graph(model: nn.Module, *inputs: torch.Tensor) -> tuple[torch.fx.GraphModule, list]:

@@ -39,6 +39,13 @@ def test_database_problems_are_one_line(tmp_path: Path) -> None:
     assert line.startswith("kiln: invalid configuration: KILN_PORT:")
 
 
+def test_an_unknown_revision_is_one_line(tmp_path: Path) -> None:
+    line = one_line_error(kiln("db", "upgrade", "bogusrev",
+                               KILN_DATABASE_URL=f"sqlite:///{tmp_path / 'k.db'}"))
+    assert line.startswith("kiln db upgrade: ") and "'bogusrev'" in line
+    assert "head" in line  # what to give instead
+
+
 def test_worker_without_a_shared_queue_refuses_to_start(tmp_path: Path) -> None:
     result = kiln("worker", "--device", "cpu",
                   KILN_DATABASE_URL=f"sqlite:///{tmp_path / 'k.db'}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, inspect, text
 
-from tests.service.helpers import Proc, free_port, service_env, start_api
+from tests.service.helpers import Proc, free_port, service_env, start_api, wait_for
 
 
 def test_busy_port_fails_at_once_and_registers_no_worker(tmp_path: Path) -> None:
@@ -26,6 +26,7 @@ def test_busy_port_fails_at_once_and_registers_no_worker(tmp_path: Path) -> None
     log = proc.log()
     assert proc.popen.returncode == 1, log
     assert f"cannot listen on 127.0.0.1:{port}" in log and "Traceback" not in log
+    assert "make serve PORT=8001" in log  # how to choose another port with make, too
     assert "serving on" not in log
     engine = create_engine(url)
     if "workers" in inspect(engine).get_table_names():
@@ -41,8 +42,13 @@ def test_admin_token_survives_a_restart_and_the_dashboard_url_is_printed(tmp_pat
         port = free_port()
         proc, base = start_api(tmp_path, port, KILN_DATABASE_URL=url)
         try:
+            wait_for(lambda p=proc: "kiln: stop with Ctrl-C" in p.log(), 30)
             log = proc.log()
-            assert f"dashboard http://127.0.0.1:{port}/admin" in log
+            # The banner comes once the app has started, after uvicorn's own lines.
+            banner = log[log.index("Uvicorn running on"):]
+            assert f"kiln: ready: API http://127.0.0.1:{port}, dashboard " \
+                   f"http://127.0.0.1:{port}/admin" in banner
+            assert "kiln: stop with Ctrl-C" in banner
             token = (tmp_path / "admin-token").read_text().strip()
             answer = httpx.get(base + "/v1/admin/stats", timeout=10,
                                headers={"Authorization": f"Bearer {token}"})
@@ -52,6 +58,8 @@ def test_admin_token_survives_a_restart_and_the_dashboard_url_is_printed(tmp_pat
         finally:
             proc.stop()
     assert tokens[0] == tokens[1]
-    assert "new admin token" in logs[0] and tokens[0] in logs[0]
+    assert f"log in with the new admin token (kept in {tmp_path / 'admin-token'}): " \
+           f"{tokens[0]}" in logs[0]
     assert tokens[0] not in logs[1]  # a restart says where the token is, not the token
+    assert f"(print it: cat {tmp_path / 'admin-token'})" in logs[1]
     assert stat.S_IMODE((tmp_path / "admin-token").stat().st_mode) == 0o600

@@ -14,7 +14,7 @@ import torch
 
 import compiler
 from compiler.lowering.tracing import trace_training
-from service import pipeline, store
+from service import pipeline, store, target_compile
 from service.context import ServiceContext
 from service.intake import parse_submission
 from service.queue import BUILD_STREAM
@@ -33,6 +33,21 @@ def _assert_facts(facts: dict[str, Any], arch: str) -> None:
     assert 0 < facts["registers"] <= 255 and facts["spills"] >= 0 and facts["local_bytes"] >= 0
     assert facts["binary_bytes"] > 1000 and facts["shared_bytes"] >= 0
     assert facts["num_warps"] in (1, 2, 4, 8, 16, 32) and facts["compile_s"] >= 0
+
+
+def test_shutdown_ends_the_compile_process_and_a_later_compile_starts_another() -> None:
+    """`kiln serve` ends its compile process when it stops (service.api.app's lifespan): left
+    to exit handlers, it outlived a serve stopped by SIGTERM, with its resource tracker."""
+    import os
+
+    child = target_compile._compile_pool().submit(os.getpid).result(timeout=120)
+    assert os.path.exists(f"/proc/{child}")
+    target_compile.shutdown()
+    assert not os.path.exists(f"/proc/{child}")  # ended and reaped
+    target_compile.shutdown()  # none running: nothing to do
+    again = target_compile._compile_pool().submit(os.getpid).result(timeout=120)
+    assert again != child
+    target_compile.shutdown()
 
 
 def test_heuristic_build_for_sm_90_compiles_every_kernel() -> None:

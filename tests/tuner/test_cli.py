@@ -102,3 +102,38 @@ def test_model_spec_forms_and_clear_errors(tmp_path) -> None:
         cli.load_model("no_such_pkg_kiln.model")
     with pytest.raises(SystemExit, match="no callable"):
         cli.load_model(f"{path}:nothing")
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_tuning(tmp_path, capsys) -> None:
+    """The results of a whole tune were lost to a FileNotFoundError at the end: the --json
+    path is checked first, in one line, and nothing is tuned."""
+    path = tmp_path / "tiny_model4.py"
+    path.write_text(MODEL_PY)
+    for out in (tmp_path / "no" / "dir" / "out.json", tmp_path):
+        with pytest.raises(SystemExit) as refused:
+            cli.main([str(path), "--device", "cpu", "--trials", "1", "--json", str(out)])
+        message = str(refused.value.code)
+        assert message.startswith(f"kiln tune: --json {out}: ") and "\n" not in message
+        assert "kiln tune: graph" not in capsys.readouterr().err  # no tuning started
+
+
+def test_a_trial_budget_below_one_and_a_negative_time_budget_are_refused(tmp_path,
+                                                                         capsys) -> None:
+    path = tmp_path / "tiny_model5.py"
+    path.write_text(MODEL_PY)
+    for bad in (["--trials", "-3"], ["--trials", "0"], ["--seconds", "-1"]):
+        with pytest.raises(SystemExit) as usage:
+            cli.main([str(path), "--device", "cpu", *bad])
+        assert usage.value.code == 2
+        assert f"{bad[0]}: " in capsys.readouterr().err
+
+
+def test_a_syntax_error_in_the_model_file_is_named_without_the_inputs_hint(tmp_path) -> None:
+    broken = tmp_path / "broken_model.py"
+    broken.write_text(MODEL_PY + "\ndef oops(:\n")
+    with pytest.raises(SystemExit) as failed:
+        cli.main([str(broken), "--device", "cpu", "--trials", "1"])
+    message = str(failed.value.code)
+    assert message.startswith("kiln tune: loading") and "SyntaxError" in message
+    assert "broken_model.py, line " in message and "\n" not in message
+    assert "example_inputs" not in message
