@@ -258,14 +258,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    """Create an API token and print it (only its hash is stored)."""
+    """Create an API token in a tenant and print it (only its hash is stored)."""
     from service.auth import create_token
     from service.context import ServiceContext
+    from service.tenants import check_tenant
 
+    try:
+        check_tenant(args.tenant)
+    except ValueError as exc:
+        raise SystemExit(f"kiln token create: --tenant: {exc}") from None
     ctx = ServiceContext(_settings())
     try:
         with ctx.transaction() as session:
-            token = create_token(session, args.role, args.name)
+            token = create_token(session, args.role, args.name, args.tenant)
     finally:
         ctx.close()
     print(token)
@@ -273,7 +278,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    """List the stored tokens (id, role, name, created, revoked); never a token itself."""
+    """List the stored tokens (id, role, tenant, name, created, revoked); never a token
+    itself."""
     from service.context import ServiceContext
     from service.store import tokens
     from tuner.report import table
@@ -281,12 +287,12 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     ctx = ServiceContext(_settings())
     try:
         with ctx.transaction() as session:
-            rows = [[str(t.id), t.role, t.name or "-", t.created_at.strftime("%Y-%m-%d %H:%M"),
-                     "revoked" if t.revoked else "active"]
+            rows = [[str(t.id), t.role, t.tenant, t.name or "-",
+                     t.created_at.strftime("%Y-%m-%d %H:%M"), "revoked" if t.revoked else "active"]
                     for t in tokens.list_tokens(session)]
     finally:
         ctx.close()
-    print(table(["id", "role", "name", "created (UTC)", "state"], rows) if rows else
+    print(table(["id", "role", "tenant", "name", "created (UTC)", "state"], rows) if rows else
           "kiln: no tokens yet (`kiln token create --role client|admin`)")
     return 0
 
@@ -465,9 +471,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     token = sub.add_parser("token", help="manage API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
-    create = token_sub.add_parser("create", help="create a token and print it once")
+    create = token_sub.add_parser(
+        "create", help="create a token and print it once",
+        description="Create an API token and print it once (only its sha256 is stored). "
+                    "Its tenant scopes the plans its clients store and read: a job runs only "
+                    "plans of its own tenant or ones an admin published to all; schedules "
+                    "and binaries are shared by every tenant.")
     create.add_argument("--role", choices=["client", "admin"], required=True,
-                        help="client: submit and fetch schedules; admin: dashboard and admin API")
+                        help="client: submit and fetch schedules and plans; admin: also the "
+                             "dashboard and admin API")
+    create.add_argument("--tenant", default="default", metavar="NAME",
+                        help="the tenant the token belongs to: 1-64 letters, digits, '.', '_', "
+                             "'-' (default: default; anonymous callers of a loopback bind are "
+                             "the tenant 'local')")
     create.add_argument("--name", default=None, help="a note to recognise the token by")
     create.set_defaults(func=cmd_token_create)
     token_sub.add_parser("list", help="list tokens (never the tokens themselves)").set_defaults(

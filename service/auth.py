@@ -1,5 +1,6 @@
-"""Bearer tokens: random, shown once, stored only as sha256; roles client and admin.
-Dashboard sessions: a random id in the cookie, its sha256 in the database, revocable."""
+"""Bearer tokens: random, shown once, stored only as sha256; roles client and admin, each in
+one tenant (service/tenants.py). Dashboard sessions: a random id in the cookie, its sha256
+in the database, revocable."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.models import utcnow
 from service.store import tokens
+from service.tenants import DEFAULT_TENANT, check_tenant
 
 ROLES = ("client", "admin")
 TOKEN_PREFIX = "kiln_"
@@ -24,11 +26,21 @@ SESSION_TTL_S = 24 * 3600  # a browser session; the operator logs in again after
 
 
 @dataclass(frozen=True)
+class Grant:
+    """What a valid token carries: its role and its tenant."""
+
+    role: str
+    tenant: str
+
+
+@dataclass(frozen=True)
 class Principal:
-    """Who is calling: a role, and an identity for rate limiting (a token hash or an IP)."""
+    """Who is calling: a role, an identity for rate limiting (a token hash or an IP), and
+    the tenant whose plans it reads and writes."""
 
     role: str | None  # None: anonymous (allowed only for client routes on loopback)
     ident: str
+    tenant: str
 
     @property
     def owner(self) -> str | None:
@@ -47,24 +59,31 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def create_token(session: Session, role: str, name: str | None = None) -> str:
-    """Store a new token's hash with its role; return the token (shown once, never stored)."""
+def create_token(session: Session, role: str, name: str | None = None,
+                 tenant: str = DEFAULT_TENANT) -> str:
+    """Store a new token's hash with its role and tenant; return the token (shown once,
+    never stored)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     token = new_token()
-    tokens.add_token(session, hash_token(token), role, name)
+    tokens.add_token(session, hash_token(token), role, name, check_tenant(tenant))
     return token
 
 
-def resolve_token(session: Session, token: str, admin_token: str | None) -> str | None:
-    """The role a presented token carries, or None when it is unknown or revoked."""
-    digest = hash_token(token)
-    if admin_token and hmac.compare_digest(digest, hash_token(admin_token)):
-        return "admin"
-    row = tokens.token_by_hash(session, digest)
+def is_configured_admin(token: str, admin_token: str | None) -> bool:
+    """Whether `token` is the configured admin token (KILN_ADMIN_TOKEN): no query."""
+    return bool(admin_token) and hmac.compare_digest(hash_token(token), hash_token(admin_token))
+
+
+def resolve_token(session: Session, token: str, admin_token: str | None) -> Grant | None:
+    """The role and tenant a presented token carries, or None when it is unknown or revoked.
+    The configured admin token is in the default tenant."""
+    if is_configured_admin(token, admin_token):
+        return Grant("admin", DEFAULT_TENANT)
+    row = tokens.token_by_hash(session, hash_token(token))
     if row is None or row.revoked:
         return None
-    return row.role
+    return Grant(row.role, row.tenant)
 
 
 def admin_token_weakness(token: str) -> str | None:

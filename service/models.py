@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from service.tenants import DEFAULT_TENANT
+
 
 def utcnow() -> datetime:
     """Timezone-aware now, the only clock the models use."""
@@ -191,6 +193,9 @@ class TokenRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16))  # client | admin
+    # Whose plans it reads and writes (service/tenants.py).
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT,
+                                        server_default=DEFAULT_TENANT)
     name: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -256,18 +261,22 @@ class KernelBinaryFileRow(Base):
 
 
 class PlanRow(Base):
-    """A kiln.plan/1 document (compiler/wire/plan.py), under the key its client computed.
-    First writer wins: a stored plan is never replaced, only deleted by an admin, so a
-    later PUT of the same key cannot swap the graphs other clients fetch."""
+    """A kiln.plan/1 document (compiler/wire/plan.py), under the key its client computed,
+    one per tenant (service/tenants.py): a tenant's client reads its own tenant's plans and
+    the published ones (tenant `*`), so no other tenant's write reaches its jobs. First
+    writer wins within a tenant: a stored plan is never replaced, only deleted by an admin."""
 
     __tablename__ = "plans"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))  # training | inference
     body: Mapped[str] = mapped_column(Text)  # plan_text(): canonical JSON, served as is
     bytes: Mapped[int] = mapped_column(Integer)  # of body, UTF-8
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     hits: Mapped[int] = mapped_column(Integer, default=0)
     last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # A published plan (tenant `*`): the tenant whose plan an admin published.
+    published_from: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 Index("ix_schedules_last_used", ScheduleRow.last_used_at)

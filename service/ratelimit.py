@@ -1,5 +1,5 @@
-"""Per-token rate limit (a token bucket per identity) and the throttle on failed
-authentication (per client address).
+"""Per-token rate limit (a token bucket per identity) and the throttles on failed
+authentication (per presented token and per client address, with exponential backoff).
 
 Embedded default (no KILN_REDIS_URL): both live in the API process. With Redis they live
 there, shared by every API process (`kiln serve --workers N`, several hosts), so a fleet on
@@ -12,10 +12,9 @@ or lets everything through.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from service.queue import keys
@@ -52,36 +51,48 @@ class RateLimiter:
             return 0.0
 
 
+def backoff_s(count: int, limit: int, base_s: float, max_s: float) -> float:
+    """How long an identity with `count` failures in a row is refused: nothing below
+    `limit`, then `base_s` doubled by each further failure, at most `max_s`."""
+    if count < limit:
+        return 0.0
+    return min(max_s, base_s * 2.0 ** min(count - limit, 60))
+
+
 class FailureThrottle:
-    """Refuse an address after `limit` failed authentications (unknown bearer tokens, wrong
-    dashboard logins) within `window_s` seconds, so tokens cannot be guessed at speed."""
+    """Failed authentications per identity (a presented token's hash prefix, or a client
+    address): after `limit` failures in a row, the identity is refused for `base_s`, doubled
+    by each further failure, at most `max_s` (exponential backoff). A run ends `window_s`
+    after its last failure once no refusal is in force; then the count starts again."""
 
     shared = False
 
-    def __init__(self, limit: int = 20, window_s: float = 60.0, max_addresses: int = 10_000) -> None:
-        self.limit, self.window_s, self.max_addresses = limit, window_s, max_addresses
+    def __init__(self, limit: int, window_s: float = 60.0, base_s: float = 1.0,
+                 max_s: float = 300.0, max_idents: int = 10_000) -> None:
+        self.limit, self.window_s, self.base_s, self.max_s = limit, window_s, base_s, max_s
+        self.max_idents = max_idents
         self._lock = threading.Lock()
-        self._failures: dict[str, deque[float]] = {}
+        self._state: dict[str, tuple[int, float, float]] = {}  # ident -> (count, last, until)
 
-    def blocked_for(self, address: str) -> float:
-        """Seconds until `address` may try again (0 when it may now)."""
+    def blocked_for(self, ident: str) -> float:
+        """Seconds until `ident` may try again (0 when it may now)."""
+        with self._lock:
+            state = self._state.get(ident)
+        return max(0.0, state[2] - time.monotonic()) if state else 0.0
+
+    def failed(self, ident: str) -> float:
+        """Record one failed authentication of `ident`; the refusal now in force (seconds)."""
         now = time.monotonic()
         with self._lock:
-            failures = self._failures.get(address)
-            if not failures:
-                return 0.0
-            while failures and now - failures[0] > self.window_s:
-                failures.popleft()
-            if len(failures) < self.limit:
-                return 0.0
-            return self.window_s - (now - failures[0])
-
-    def failed(self, address: str) -> None:
-        """Record one failed authentication from `address`."""
-        with self._lock:
-            if len(self._failures) > self.max_addresses:  # bounded memory under a spray
-                self._failures.clear()
-            self._failures.setdefault(address, deque(maxlen=self.limit)).append(time.monotonic())
+            count, last, until = self._state.get(ident, (0, now, 0.0))
+            if now > max(last + self.window_s, until):
+                count = 0
+            count += 1
+            until = max(until, now + backoff_s(count, self.limit, self.base_s, self.max_s))
+            if len(self._state) >= self.max_idents and ident not in self._state:
+                self._state.clear()  # bounded memory under a spray
+            self._state[ident] = (count, now, until)
+        return max(0.0, until - now)
 
 
 # Scripts run atomically in Redis, on Redis's clock (API hosts' clocks need not agree).
@@ -105,19 +116,26 @@ return tostring(wait)
 """
 
 _BLOCKED = _NOW + """
-local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. tostring(now - window))
-if redis.call('ZCARD', KEYS[1]) < limit then return '0' end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return tostring(math.max(0, window - (now - tonumber(oldest[2]))))
+local until_ = tonumber(redis.call('HGET', KEYS[1], 'until')) or 0
+return tostring(math.max(0, until_ - now))
 """
 
 _FAILED = _NOW + """
 local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now, ARGV[3])
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(limit + 1))
-redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
-return '1'
+local base, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'count', 'last', 'until')
+local count = tonumber(state[1]) or 0
+local last = tonumber(state[2]) or now
+local until_ = tonumber(state[3]) or 0
+if now > math.max(last + window, until_) then count = 0 end
+count = count + 1
+if count >= limit then
+  until_ = math.max(until_, now + math.min(cap, base * 2 ^ math.min(count - limit, 60)))
+end
+redis.call('HSET', KEYS[1], 'count', tostring(count), 'last', tostring(now),
+           'until', tostring(until_))
+redis.call('PEXPIRE', KEYS[1], math.ceil((window + cap) * 1000))
+return tostring(math.max(0, until_ - now))
 """
 
 
@@ -177,34 +195,62 @@ class SharedRateLimiter(RateLimiter):
 
 
 class SharedFailureThrottle(FailureThrottle):
-    """Failed authentications counted in Redis per address, across every API process; in
+    """Failed authentications counted in Redis per identity, across every API process; in
     this process while Redis is out."""
 
     shared = True
 
-    def __init__(self, redis: _Redis, prefix: str, limit: int = 20, window_s: float = 60.0) -> None:
-        super().__init__(limit, window_s)
+    def __init__(self, redis: _Redis, prefix: str, limit: int, window_s: float = 60.0,
+                 base_s: float = 1.0, max_s: float = 300.0) -> None:
+        super().__init__(limit, window_s, base_s, max_s)
         self._redis, self._prefix = redis, prefix
         self._blocked, self._failed = redis.script(_BLOCKED), redis.script(_FAILED)
 
-    def blocked_for(self, address: str) -> float:
-        wait = self._redis.run(self._blocked, keys.auth_failures(self._prefix, address),
-                               self.limit, self.window_s)
-        return super().blocked_for(address) if wait is None else wait
+    def blocked_for(self, ident: str) -> float:
+        wait = self._redis.run(self._blocked, keys.auth_failures(self._prefix, ident))
+        return super().blocked_for(ident) if wait is None else wait
 
-    def failed(self, address: str) -> None:
-        done = self._redis.run(self._failed, keys.auth_failures(self._prefix, address),
-                               self.limit, self.window_s, os.urandom(8).hex())
-        if done is None:
-            super().failed(address)
+    def failed(self, ident: str) -> float:
+        wait = self._redis.run(self._failed, keys.auth_failures(self._prefix, ident),
+                               self.limit, self.window_s, self.base_s, self.max_s)
+        return super().failed(ident) if wait is None else wait
 
 
-def make_limiters(settings: Settings) -> tuple[RateLimiter, FailureThrottle]:
-    """The per-token rate limiter and the failed-authentication throttle of one API process:
+# A token that keeps failing (revoked, mistyped) is refused without a lookup after a few
+# tries; an address gets a much higher cap, since a valid token from it always passes.
+PER_TOKEN = {"limit": 5, "window_s": 60.0, "base_s": 1.0, "max_s": 300.0}
+PER_ADDRESS = {"limit": 100, "window_s": 60.0, "base_s": 1.0, "max_s": 900.0}
+
+
+@dataclass(frozen=True)
+class AuthFailures:
+    """The throttles on failed authentication (bearer tokens and dashboard logins), per
+    failing identity and per address. A presented token refused by `per_token` is not looked
+    up; a valid token always passes `per_address` (a flood of bad tokens from an address
+    does not lock its real operator out): only the address's failures are answered 429."""
+
+    per_token: FailureThrottle
+    per_address: FailureThrottle
+
+    @staticmethod
+    def token_ident(digest: str) -> str:
+        """The throttle's identity of a presented token, from its sha256 hex."""
+        return f"token:{digest[:16]}"
+
+    @staticmethod
+    def address_ident(address: str) -> str:
+        return f"ip:{address}"
+
+
+def make_limiters(settings: Settings) -> tuple[RateLimiter, AuthFailures]:
+    """The per-token rate limiter and the failed-authentication throttles of one API process:
     shared through Redis when KILN_REDIS_URL is set, in this process otherwise."""
     if not settings.redis_url:
-        return RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst), FailureThrottle()
+        return (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst),
+                AuthFailures(FailureThrottle(**PER_TOKEN), FailureThrottle(**PER_ADDRESS)))
     redis = _Redis(settings.redis_url)
-    return (SharedRateLimiter(redis, settings.redis_prefix, settings.rate_limit_per_s,
+    prefix = settings.redis_prefix
+    return (SharedRateLimiter(redis, prefix, settings.rate_limit_per_s,
                               settings.rate_limit_burst),
-            SharedFailureThrottle(redis, settings.redis_prefix))
+            AuthFailures(SharedFailureThrottle(redis, prefix, **PER_TOKEN),
+                         SharedFailureThrottle(redis, prefix, **PER_ADDRESS)))

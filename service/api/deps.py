@@ -10,10 +10,18 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from service.auth import Principal, hash_token, resolve_token, session_is_admin
+from service.auth import (
+    Grant,
+    Principal,
+    hash_token,
+    is_configured_admin,
+    resolve_token,
+    session_is_admin,
+)
 from service.context import HitBuffer, ServiceContext
 from service.errors import ApiError
-from service.ratelimit import FailureThrottle, RateLimiter
+from service.ratelimit import AuthFailures, FailureThrottle, RateLimiter
+from service.tenants import DEFAULT_TENANT, LOCAL_TENANT
 
 ADMIN_COOKIE = "kiln_admin"
 _TOKEN_CACHE_S = 30.0  # a revoked token stops working within this long
@@ -31,34 +39,35 @@ def get_hits(request: Request) -> HitBuffer:
 
 
 class TokenRoles:
-    """Roles of presented tokens, cached briefly so a hot path does not query per request."""
+    """Grants (role, tenant) of presented tokens, cached briefly so a hot path does not
+    query per request."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[str | None, float]] = {}
+        self._cache: dict[str, tuple[Grant | None, float]] = {}
 
-    def known(self, token: str) -> str | None:
-        """The role of a token recently found valid, without a query (None: not known)."""
+    def known(self, token: str) -> Grant | None:
+        """The grant of a token recently found valid, without a query (None: not known)."""
         with self._lock:
             hit = self._cache.get(hash_token(token))
         return hit[0] if hit and time.monotonic() - hit[1] < _TOKEN_CACHE_S else None
 
-    async def role(self, ctx: ServiceContext, token: str) -> str | None:
+    async def grant(self, ctx: ServiceContext, token: str) -> Grant | None:
         digest = hash_token(token)
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(digest)
         if hit and now - hit[1] < _TOKEN_CACHE_S:
             return hit[0]
-        role = await run_in_threadpool(self._resolve, ctx, token)
+        grant = await run_in_threadpool(self._resolve, ctx, token)
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()
-            self._cache[digest] = (role, now)
-        return role
+            self._cache[digest] = (grant, now)
+        return grant
 
     @staticmethod
-    def _resolve(ctx: ServiceContext, token: str) -> str | None:
+    def _resolve(ctx: ServiceContext, token: str) -> Grant | None:
         with ctx.transaction() as session:
             return resolve_token(session, token, ctx.settings.admin_token)
 
@@ -92,25 +101,41 @@ def _address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-async def _token_role(request: Request, ctx: ServiceContext, token: str) -> str:
-    """The role of a presented token. Unknown tokens count against the caller's address; an
-    address with too many is refused for a while (a token recently valid still passes, so
-    one guesser behind a shared address does not lock out the fleet behind it)."""
+def _too_many(message: str, wait: float) -> ApiError:
+    return ApiError(429, "too_many_failures", f"{message}; retry in {wait:.0f} s",
+                    {"Retry-After": str(max(1, round(wait)))})
+
+
+async def _token_grant(request: Request, ctx: ServiceContext, token: str) -> Grant:
+    """The grant of a presented token. A token that failed again and again is refused for a
+    while without a lookup (backoff per failing token); any other is checked, and a valid
+    one passes whatever its address did. An unknown one counts against the token and its
+    address: an address with too many failures gets 429 instead of 401, with backoff, but
+    its valid tokens still pass (a flood of bad tokens never locks the operator out)."""
     roles: TokenRoles = request.app.state.token_roles
     known = roles.known(token)
     if known is not None:
         return known
-    throttle: FailureThrottle = request.app.state.auth_failures
-    wait = await _ask(throttle, throttle.blocked_for, _address(request))
-    if wait:
-        raise ApiError(429, "too_many_failures", f"too many unknown tokens from this address; "
-                       f"retry in {wait:.0f} s", {"Retry-After": str(max(1, round(wait)))})
-    role = await roles.role(ctx, token)
-    if role is None:
-        await _ask(throttle, throttle.failed, _address(request))
-        raise ApiError(401, "unauthorized", "unknown or revoked token",
-                       {"WWW-Authenticate": "Bearer"})
-    return role
+    failures: AuthFailures = request.app.state.auth_failures
+    digest = hash_token(token)
+    if not is_configured_admin(token, ctx.settings.admin_token):
+        wait = await _ask(failures.per_token, failures.per_token.blocked_for,
+                          AuthFailures.token_ident(digest))
+        if wait:
+            raise _too_many("this token failed too often", wait)
+    grant = await roles.grant(ctx, token)
+    if grant is not None:
+        return grant
+    token_wait = await _ask(failures.per_token, failures.per_token.failed,
+                            AuthFailures.token_ident(digest))
+    address_wait = await _ask(failures.per_address, failures.per_address.failed,
+                              AuthFailures.address_ident(_address(request)))
+    if address_wait:
+        raise _too_many("too many unknown tokens from this address", address_wait)
+    if token_wait:
+        raise _too_many("this token failed too often", token_wait)
+    raise ApiError(401, "unauthorized", "unknown or revoked token",
+                   {"WWW-Authenticate": "Bearer"})
 
 
 async def client_principal(request: Request) -> Principal:
@@ -119,11 +144,12 @@ async def client_principal(request: Request) -> Principal:
     token = _bearer(request)
     if token is None:
         if ctx.settings.loopback:
-            return await _limit(request, Principal(None, f"ip:{_address(request)}"))
+            return await _limit(request, Principal(None, f"ip:{_address(request)}", LOCAL_TENANT))
         raise ApiError(401, "unauthorized", "a bearer token is required (kiln token create)",
                        {"WWW-Authenticate": "Bearer"})
-    role = await _token_role(request, ctx, token)
-    return await _limit(request, Principal(role, f"token:{hash_token(token)}"))
+    grant = await _token_grant(request, ctx, token)
+    return await _limit(request, Principal(grant.role, f"token:{hash_token(token)}",
+                                           grant.tenant))
 
 
 async def admin_principal(request: Request) -> Principal:
@@ -145,11 +171,13 @@ async def admin_principal(request: Request) -> Principal:
         if not await run_in_threadpool(_session_is_admin, ctx, sid):
             raise ApiError(401, "unauthorized", "the dashboard session ended; log in again",
                            {"WWW-Authenticate": "Bearer"})
-        return await _limit(request, Principal("admin", f"session:{hash_token(sid)}"))
-    role = await _token_role(request, ctx, bearer)
-    if role != "admin":
+        return await _limit(request, Principal("admin", f"session:{hash_token(sid)}",
+                                               DEFAULT_TENANT))
+    grant = await _token_grant(request, ctx, bearer)
+    if grant.role != "admin":
         raise ApiError(403, "forbidden", "this endpoint needs an admin token")
-    return await _limit(request, Principal(role, f"token:{hash_token(bearer)}"))
+    return await _limit(request, Principal(grant.role, f"token:{hash_token(bearer)}",
+                                           grant.tenant))
 
 
 def _session_is_admin(ctx: ServiceContext, sid: str) -> bool:

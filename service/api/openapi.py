@@ -71,7 +71,8 @@ class JobAnswer(BaseModel):
 
 
 class PlanStored(BaseModel):
-    """`PUT /v1/plans/{key}`: 201 when stored, 200 when the key already held a plan (kept)."""
+    """`PUT /v1/plans/{key}`: 201 when stored, 200 when the caller's tenant already held a
+    plan for the key (kept)."""
 
     key: str = Field(pattern="^[0-9a-f]{64}$")
     created: bool

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from service import auth
 from service.queue import QueueUnavailable
-from service.ratelimit import FailureThrottle
+from service.ratelimit import AuthFailures
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ def is_admin_token(request: Request, session: Session, token: str) -> bool:
     """True when `token` is the configured admin token or a stored, unrevoked admin token.
     Checked on every request without a cache, so a revoked token stops at once."""
     settings = request.app.state.ctx.settings
-    return auth.resolve_token(session, token, settings.admin_token) == "admin"
+    grant = auth.resolve_token(session, token, settings.admin_token)
+    return grant is not None and grant.role == "admin"
 
 
 def is_admin_session(request: Request, session: Session, sid: str) -> bool:
@@ -49,9 +50,26 @@ def close_session(session: Session, sid: str) -> None:
     auth.end_session(session, sid)
 
 
-def auth_failures(request: Request) -> FailureThrottle:
-    """The app's throttle on failed authentication (shared with bearer tokens)."""
+def _failures(request: Request) -> AuthFailures:
+    """The app's throttles on failed authentication (shared with bearer tokens)."""
     return request.app.state.auth_failures
+
+
+def token_blocked_for(request: Request, token: str) -> float:
+    """Seconds until this token may be tried again: one refused again and again is not
+    checked for a while (the configured admin token is never held back)."""
+    if auth.is_configured_admin(token, request.app.state.ctx.settings.admin_token):
+        return 0.0
+    return _failures(request).per_token.blocked_for(
+        AuthFailures.token_ident(auth.hash_token(token)))
+
+
+def login_failed(request: Request, token: str, address: str) -> float:
+    """Count a refused login against its token and its address; the seconds either is now
+    refused for (0: answer 401, not 429)."""
+    failures = _failures(request)
+    return max(failures.per_token.failed(AuthFailures.token_ident(auth.hash_token(token))),
+               failures.per_address.failed(AuthFailures.address_ident(address)))
 
 
 def queue_depth(request: Request) -> dict[str, int]:

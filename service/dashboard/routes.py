@@ -98,23 +98,25 @@ def login(request: Request, token: Annotated[str, Form()] = "",
         return _render(request, "login.html", {"next": target, "error":
                        "The form expired; please log in again."}, status=403, logged_in=False)
     address = request.client.host if request.client else "unknown"
-    throttle = deps.auth_failures(request)
-    wait = throttle.blocked_for(address)
-    if wait:
+    token = token.strip()
+    # A token refused again and again is not even checked for a while; any other is, and
+    # the right one logs in whatever else came from this address.
+    wait = deps.token_blocked_for(request, token)
+    sid = None
+    if not wait and token and len(token) <= 512:
+        with deps.transaction(request) as session:
+            if deps.is_admin_token(request, session, token):
+                sid = deps.open_session(request, session, token)
+    if sid is None and not wait:
+        wait = deps.login_failed(request, token, address)
+        log.info("dashboard login refused from %s", address)
+    if sid is None and wait:
         response = _render(request, "login.html", {"next": target, "error":
                            f"Too many failed logins; try again in {wait:.0f} s."},
                            status=429, logged_in=False)
         response.headers["Retry-After"] = str(max(1, round(wait)))
         return response
-    token = token.strip()
-    sid = None
-    if token and len(token) <= 512:
-        with deps.transaction(request) as session:
-            if deps.is_admin_token(request, session, token):
-                sid = deps.open_session(request, session, token)
     if sid is None:
-        throttle.failed(address)
-        log.info("dashboard login refused from %s", address)
         return _render(request, "login.html", {"next": target, "error":
                        "That is not an admin token."}, status=401, logged_in=False)
     response = RedirectResponse(target, status_code=303)

@@ -25,6 +25,7 @@ def rate_bucket(prefix: str, ident: str) -> str:
     return f"{prefix}rate:{ident}"
 
 
-def auth_failures(prefix: str, address: str) -> str:
-    """The recent failed authentications of one client address (a sorted set of times)."""
-    return f"{prefix}authfail:{address}"
+def auth_failures(prefix: str, ident: str) -> str:
+    """The failed authentications of one identity (`token:<hash prefix>` or `ip:<address>`):
+    a hash of count, last and until."""
+    return f"{prefix}authfail:{ident}"

@@ -12,7 +12,7 @@ transaction (nothing here commits); everything else calls these named functions.
 - admin.py: what the admin routes and the dashboard read; retention.py: `kiln db prune`.
 - binaries.py: compiled kernel binaries, stored by the worker that compiled them and
   fetched by clients by Triton cache key.
-- plans.py: plans (kiln.plan/1) by client key, first writer wins.
+- plans.py: plans (kiln.plan/1) by client key and tenant, first writer wins per tenant.
 
 The names of jobs, entries and workers are re-exported here (`store.submit`, `store.claim`).
 """
@@ -60,14 +60,22 @@ from service.store.jobs import (
     take_after_commit,
     unqueued,
 )
-from service.store.plans import count_plans, delete_plan, get_plan, has_plan, put_plan
+from service.store.plans import (
+    count_plans,
+    delete_plan,
+    get_plan,
+    has_plan,
+    list_plans,
+    publish_plan,
+    put_plan,
+)
 from service.store.workers import beat, bury_dead_workers, gpu_serves, register_worker, stop_worker
 
 __all__ = [
     "BinaryRefused",
     "add_binaries",
     "binaries_by_keys",
-    "count_plans", "delete_plan", "get_plan", "has_plan", "put_plan",
+    "count_plans", "delete_plan", "get_plan", "has_plan", "list_plans", "publish_plan", "put_plan",
     "MISS_REASONS", "READY", "WIRE_PRUNED", "Submission", "add_event", "add_job_owner",
     "add_measurements", "adopt_untuned", "beat", "bury_dead_workers", "claim", "count_lookup",
     "enqueue_after_commit", "fail_attempt", "finish", "finish_failed", "gpu_serves",

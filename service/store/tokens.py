@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session
 from service.models import DashboardSessionRow, TokenRow
 
 
-def add_token(session: Session, token_hash: str, role: str, name: str | None) -> None:
-    """Store a token's hash with its role."""
-    session.add(TokenRow(token_hash=token_hash, role=role, name=name))
+def add_token(session: Session, token_hash: str, role: str, name: str | None,
+              tenant: str) -> None:
+    """Store a token's hash with its role and tenant."""
+    session.add(TokenRow(token_hash=token_hash, role=role, name=name, tenant=tenant))
 
 
 def token_by_hash(session: Session, token_hash: str) -> TokenRow | None:

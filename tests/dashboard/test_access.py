@@ -213,15 +213,29 @@ def test_retune_from_the_entry_page_queues_a_job(app_ctx) -> None:
     assert any("re-tune requested" in (h.get("message") or "") for h in job["history"])
 
 
-def test_repeated_wrong_logins_are_throttled(app_ctx) -> None:
-    from service.ratelimit import FailureThrottle
+def test_wrong_logins_never_lock_out_the_right_token(app_ctx) -> None:
+    client, _, _ = app_ctx
+    # The outside tester's case, at the default limits: 20+ wrong logins from one address.
+    assert [_login(client, token=f"kiln_guess{i}").status_code for i in range(25)] == [401] * 25
+    response = _login(client)
+    assert response.status_code == 303 and "kiln_admin" in response.headers["set-cookie"]
+
+
+def test_repeated_wrong_logins_back_off_but_the_right_token_logs_in(app_ctx) -> None:
+    from service.ratelimit import AuthFailures, FailureThrottle
 
     client, _, _ = app_ctx
-    client.app.state.auth_failures = FailureThrottle(limit=3, window_s=60)
-    assert [_login(client, token="kiln_guess").status_code for _ in range(3)] == [401] * 3
-    response = _login(client)  # even the right token waits out the lockout
-    assert response.status_code == 429 and int(response.headers["retry-after"]) >= 1
-    assert "kiln_admin" not in response.headers.get("set-cookie", "")
+    client.app.state.auth_failures = AuthFailures(FailureThrottle(limit=3),
+                                                  FailureThrottle(limit=5))
+    # One wrong token again and again: refused with backoff after its third try.
+    assert [_login(client, token="kiln_typo").status_code for _ in range(4)] == [401, 401, 429, 429]
+    # Wrong tokens from the address: past its limit, 429 with Retry-After.
+    codes = [_login(client, token=f"kiln_guess{i}") for i in range(2)]
+    assert [r.status_code for r in codes] == [401, 429]
+    assert int(codes[-1].headers["retry-after"]) >= 1
+    assert "kiln_admin" not in codes[-1].headers.get("set-cookie", "")
+    response = _login(client)  # the right token passes the address's lockout
+    assert response.status_code == 303 and "kiln_admin" in response.headers["set-cookie"]
 
 
 def test_the_cookie_holds_a_session_id_that_logout_revokes(app_ctx) -> None:

@@ -1,5 +1,5 @@
 """Bearer tokens against guessing, tenants and public binds: failed tokens are throttled per
-address, a client token reads only its own jobs, weak admin tokens refuse a public bind, and
+token and per address while valid ones always pass, a client token reads only its own jobs, weak admin tokens refuse a public bind, and
 docs and readiness details need a token there."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
+from service.api.deps import TokenRoles
 from service.auth import create_token
 from service.context import ServiceContext
 from service.queue import QueueUnavailable
@@ -17,23 +18,66 @@ pytestmark = pytest.mark.services
 
 STRONG_ADMIN = "kiln_a-long-random-admin-token-0123456789"
 PUBLIC = {"host": "0.0.0.0", "admin_token": STRONG_ADMIN}
+ADMIN = {"Authorization": "Bearer admin-secret"}  # pg_settings' configured admin token
 
 
-def test_guessing_bearer_tokens_is_throttled_per_address(pg_ctx: ServiceContext) -> None:
+def test_bad_tokens_from_an_address_never_lock_out_its_valid_admin_token(
+        pg_ctx: ServiceContext) -> None:
+    # The outside tester's case: 20 bad tokens, then the real admin from the same address.
+    with pg_ctx.transaction() as session:
+        admin = create_token(session, "admin")
+    stats = "/v1/admin/stats"
+    with TestClient(create_app(ctx=pg_ctx), base_url="http://127.0.0.1") as c:
+        codes = [c.get(stats, headers={"Authorization": f"Bearer kiln_guess{i}"}).status_code
+                 for i in range(25)]
+        assert codes == [401] * 25
+        assert c.get(stats, headers={"Authorization": f"Bearer {admin}"}).status_code == 200
+        assert c.get(stats, headers={"Authorization": f"Bearer {STRONG_ADMIN}"}
+                     ).status_code == 401  # not this app's configured token: a failure too
+        assert c.get(stats, headers=ADMIN).status_code == 200
+
+
+def test_past_the_address_cap_bad_tokens_get_429_with_backoff_and_valid_ones_pass(
+        pg_ctx: ServiceContext) -> None:
+    with pg_ctx.transaction() as session:
+        admin, client = create_token(session, "admin"), create_token(session, "client")
+    lookup = f"/v1/schedules/{'a' * 64}"
+    with TestClient(create_app(ctx=pg_ctx), base_url="http://127.0.0.1") as c:
+        limit = c.app.state.auth_failures.per_address.limit
+        codes = [c.get(lookup, headers={"Authorization": f"Bearer kiln_guess{i}"})
+                 for i in range(limit + 3)]
+        assert [r.status_code for r in codes] == [401] * (limit - 1) + [429] * 4
+        assert codes[-1].json()["error"]["code"] == "too_many_failures"
+        waits = [int(r.headers["retry-after"]) for r in codes[limit - 1:]]
+        assert waits == sorted(waits) and waits[-1] >= 4  # 1, 2, 4, 8 s: doubling
+        # Tokens this address never used before still pass, during the backoff.
+        assert c.get(lookup, headers={"Authorization": f"Bearer {client}"}).status_code == 404
+        assert c.get("/v1/admin/stats", headers={"Authorization": f"Bearer {admin}"}
+                     ).status_code == 200
+        assert c.get("/v1/admin/stats", headers=ADMIN).status_code == 200
+
+
+def test_a_token_that_keeps_failing_is_refused_without_a_lookup(pg_ctx: ServiceContext) -> None:
     with pg_ctx.transaction() as session:
         good = create_token(session, "client")
+    lookup = f"/v1/schedules/{'a' * 64}"
+    bad = {"Authorization": "Bearer kiln_revoked-in-a-job-environment"}
     with TestClient(create_app(ctx=pg_ctx), base_url="http://127.0.0.1") as c:
-        assert c.get(f"/v1/schedules/{'a' * 64}",
-                     headers={"Authorization": f"Bearer {good}"}).status_code == 404
-        codes = [c.get(f"/v1/schedules/{'a' * 64}",
-                       headers={"Authorization": f"Bearer kiln_guess{i}"}).status_code
-                 for i in range(25)]
-        assert codes[:20] == [401] * 20 and set(codes[20:]) == {429}
-        blocked = c.get("/v1/admin/stats", headers={"Authorization": "Bearer kiln_guess-admin"})
-        assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
-        # A token this address used successfully before the lockout still works.
-        assert c.get(f"/v1/schedules/{'a' * 64}",
-                     headers={"Authorization": f"Bearer {good}"}).status_code == 404
+        limit = c.app.state.auth_failures.per_token.limit
+        codes = [c.get(lookup, headers=bad).status_code for _ in range(limit + 1)]
+        # The limit-th failure starts the backoff; the next is refused before any lookup.
+        assert codes == [401] * (limit - 1) + [429, 429]
+        c.app.state.token_roles = TokenRoles()  # no cached answer: a lookup would be needed
+
+        def no_lookup(*_args: object) -> None:
+            raise AssertionError("a token in backoff was looked up")
+
+        c.app.state.token_roles._resolve = no_lookup
+        refused = c.get(lookup, headers=bad)
+        assert refused.status_code == 429 and "this token failed too often" in refused.text
+        # Other tokens from the same address are untouched by this token's backoff.
+        c.app.state.token_roles = TokenRoles()
+        assert c.get(lookup, headers={"Authorization": f"Bearer {good}"}).status_code == 404
 
 
 def test_a_client_token_reads_only_the_jobs_it_submitted(pg_ctx: ServiceContext) -> None:

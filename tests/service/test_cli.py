@@ -10,7 +10,7 @@ import yaml
 from sqlalchemy import create_engine, inspect, text
 
 from kiln.cli import main
-from service.auth import resolve_token
+from service.auth import Grant, resolve_token
 from service.context import ServiceContext
 from service.settings import Settings
 
@@ -30,10 +30,30 @@ def test_db_upgrade_and_token_create(tmp_path: Path, monkeypatch: pytest.MonkeyP
     token = capsys.readouterr().out.strip()
     ctx = ServiceContext(Settings(database_url=url))
     with ctx.transaction() as session:
-        assert resolve_token(session, token, None) == "admin"
+        assert resolve_token(session, token, None) == Grant("admin", "default")
         stored = session.execute(text("SELECT token_hash FROM api_tokens")).scalar_one()
     ctx.close()
     assert token not in stored and len(stored) == 64  # only the sha256 is kept
+
+
+def test_a_token_belongs_to_the_tenant_it_was_created_in(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    monkeypatch.setenv("KILN_DATABASE_URL", url)
+    assert main(["db", "upgrade"]) == 0
+    assert main(["token", "create", "--role", "client", "--tenant", "team-a", "--name", "ci"]) == 0
+    token = capsys.readouterr().out.strip().splitlines()[-1]
+    ctx = ServiceContext(Settings(database_url=url))
+    with ctx.transaction() as session:
+        assert resolve_token(session, token, None) == Grant("client", "team-a")
+    ctx.close()
+    assert main(["token", "list"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert "tenant" in listing[0].split() and "team-a" in listing[-1].split()
+    for bad in ("*", "a b", "-x", "x" * 65, ""):
+        with pytest.raises(SystemExit, match="--tenant: a tenant name is 1-64"):
+            main(["token", "create", "--role", "client", f"--tenant={bad}"])
 
 
 def test_bad_arguments_get_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:

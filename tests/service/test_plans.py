@@ -1,6 +1,7 @@
 """Plans (kiln.plan/1) in the service: `PUT /v1/plans/{key}` stores a checked plan once per
-key (first writer wins), `GET /v1/plans/{key}` serves its canonical text, an admin deletes
-one; on SQLite and PostgreSQL, and the migration that adds the table."""
+key and tenant (first writer wins), `GET /v1/plans/{key}` serves its canonical text, an
+admin deletes one; on SQLite and PostgreSQL, and the migration that adds the table (tenants:
+tests/service/test_tenants.py)."""
 
 from __future__ import annotations
 
@@ -80,27 +81,27 @@ def test_concurrent_puts_of_one_key_store_one_plan(any_ctx: ServiceContext) -> N
 
     def put(body: str) -> bool:
         with any_ctx.transaction() as session:
-            return store.put_plan(session, KEY, "inference", body)
+            return store.put_plan(session, KEY, "local", "inference", body)
 
     with ThreadPoolExecutor(8) as pool:
         created = list(pool.map(put, bodies))
     assert created.count(True) == 1
     with any_ctx.transaction() as session:
         assert store.count_plans(session) == 1
-        assert store.get_plan(session, KEY) == bodies[created.index(True)]
+        assert store.get_plan(session, KEY, "local") == bodies[created.index(True)]
 
 
 def test_a_fetch_counts_a_hit_and_a_miss_counts_none(any_ctx: ServiceContext) -> None:
     from service.models import PlanRow
 
     with any_ctx.transaction() as session:
-        assert store.put_plan(session, KEY, "inference", "{}")
-        assert store.get_plan(session, "cd" * 32) is None
+        assert store.put_plan(session, KEY, "local", "inference", "{}")
+        assert store.get_plan(session, "cd" * 32, "local") is None
     for _ in range(3):
         with any_ctx.transaction() as session:
-            assert store.get_plan(session, KEY) == "{}"
+            assert store.get_plan(session, KEY, "local") == "{}"
     with any_ctx.transaction() as session:
-        row = session.get(PlanRow, KEY)
+        row = session.get(PlanRow, (KEY, "local"))
         assert row.hits == 3 and row.last_hit_at is not None and row.bytes == 2
         assert row.last_hit_at >= row.created_at and row.kind == "inference"
         assert store.count_plans(session) == 1  # the miss stored nothing
@@ -195,7 +196,7 @@ def test_an_admin_invalidates_a_plan(client: TestClient, pg_ctx: ServiceContext)
     assert refused.status_code == 403 and client.get(f"/v1/plans/{KEY}").status_code == 200
 
     r = client.post(path, headers=ADMIN)
-    assert r.status_code == 200 and r.json() == {"key": KEY, "invalidated": True}
+    assert r.status_code == 200 and r.json() == {"key": KEY, "invalidated": True, "deleted": 1}
     assert client.get(f"/v1/plans/{KEY}").status_code == 404
     assert client.post(path, headers=ADMIN).json()["error"]["code"] == "not_found"
     assert client.post("/v1/admin/plans/xyz/invalidate", headers=ADMIN).status_code == 404
@@ -260,7 +261,7 @@ def test_migration_0007_adds_and_drops_the_plans_table(backend: str, request: py
         else f"sqlite:///{tmp_path / 'k.db'}"
     upgrade(url, "0006")
     assert "plans" not in _tables(url) and "kernel_binaries" in _tables(url)
-    upgrade(url)
+    upgrade(url, "0007")
     engine = create_engine(url)
     try:
         columns = {c["name"]: c for c in inspect(engine).get_columns("plans")}
@@ -271,7 +272,7 @@ def test_migration_0007_adds_and_drops_the_plans_table(backend: str, request: py
     assert [n for n, c in columns.items() if c["nullable"]] == ["last_hit_at"]
     command.downgrade(alembic_config(url), "0006")
     assert "plans" not in _tables(url) and "kernel_binaries" in _tables(url)
-    upgrade(url)  # and back up again
+    upgrade(url, "0007")  # and back up again
     assert "plans" in _tables(url)
 
 

@@ -5,6 +5,7 @@ per-process limit and the API keeps answering."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.auth import create_token
 from service.context import ServiceContext
-from service.ratelimit import FailureThrottle, RateLimiter, make_limiters
+from service.ratelimit import PER_TOKEN, AuthFailures, FailureThrottle, RateLimiter, make_limiters
 from service.settings import Settings
 from tests.service.private_services import PrivateRedis
 
@@ -25,9 +26,12 @@ def _settings(redis_url: str | None, prefix: str = "kiln:", **extra: Any) -> Set
 
 
 def test_the_embedded_default_limits_in_process() -> None:
-    limiter, throttle = make_limiters(_settings(None))
-    assert type(limiter) is RateLimiter and type(throttle) is FailureThrottle
-    assert not limiter.shared and not throttle.shared
+    limiter, failures = make_limiters(_settings(None))
+    assert type(limiter) is RateLimiter and type(failures) is AuthFailures
+    for throttle in (failures.per_token, failures.per_address):
+        assert type(throttle) is FailureThrottle and not throttle.shared
+    assert not limiter.shared
+    assert failures.per_address.limit >= 5 * failures.per_token.limit
 
 
 def test_two_api_processes_share_one_token_bucket(redis_url: str, redis_prefix: str) -> None:
@@ -45,13 +49,45 @@ def test_two_api_processes_share_one_token_bucket(redis_url: str, redis_prefix: 
 
 def test_failed_tokens_count_across_api_processes(redis_url: str, redis_prefix: str) -> None:
     settings = _settings(redis_url, redis_prefix)
-    (_, one), (_, two) = make_limiters(settings), make_limiters(settings)
-    for i in range(20):
-        assert (one if i % 2 else two).blocked_for("10.0.0.7") == 0.0
-        (one if i % 2 else two).failed("10.0.0.7")
+    (_, a), (_, b) = make_limiters(settings), make_limiters(settings)
+    one, two = a.per_address, b.per_address
+    assert one.shared and two.shared
+    for i in range(one.limit - 1):
+        assert (one if i % 2 else two).blocked_for("ip:10.0.0.7") == 0.0
+        assert (one if i % 2 else two).failed("ip:10.0.0.7") == 0.0
+    # The limit-th failure, counted once for the pair: base_s, then doubling (Redis's clock).
+    assert 0.9 * one.base_s < one.failed("ip:10.0.0.7") <= one.base_s
     for throttle in (one, two):
-        assert 55.0 < throttle.blocked_for("10.0.0.7") <= 60.0
-    assert one.blocked_for("10.0.0.8") == 0.0
+        assert 0.5 * one.base_s < throttle.blocked_for("ip:10.0.0.7") <= one.base_s
+    assert 1.9 * one.base_s < two.failed("ip:10.0.0.7") <= 2 * one.base_s
+    assert one.blocked_for("ip:10.0.0.8") == 0.0
+    # The per-token throttle: its own keys, a lower limit.
+    for _ in range(PER_TOKEN["limit"]):
+        wait = (a.per_token if _ % 2 else b.per_token).failed("token:0123456789abcdef")
+    assert 0 < wait <= PER_TOKEN["base_s"] and b.per_token.blocked_for("token:0123456789abcdef") > 0
+
+
+def test_backoff_doubles_per_failure_up_to_its_cap_and_a_quiet_window_forgets() -> None:
+    throttle = FailureThrottle(limit=3, window_s=0.2, base_s=0.01, max_s=0.04)
+    waits = [throttle.failed("token:x") for _ in range(7)]
+    assert waits[:2] == [0.0, 0.0]
+    for got, want in zip(waits[2:], [0.01, 0.02, 0.04, 0.04, 0.04], strict=True):
+        assert 0.8 * want < got <= want * 1.001
+    assert throttle.blocked_for("token:x") > 0 and throttle.blocked_for("token:y") == 0.0
+    time.sleep(0.3)  # past the refusal and the window: the run is over
+    assert throttle.blocked_for("token:x") == 0.0 and throttle.failed("token:x") == 0.0
+
+
+def test_the_redis_backoff_matches_the_in_process_one(redis_url: str, redis_prefix: str) -> None:
+    from service.ratelimit import SharedFailureThrottle, _Redis
+
+    shared = SharedFailureThrottle(_Redis(redis_url), redis_prefix, limit=2, window_s=60,
+                                   base_s=10.0, max_s=35.0)
+    local = FailureThrottle(limit=2, window_s=60, base_s=10.0, max_s=35.0)
+    for _ in range(6):
+        got, want = shared.failed("ip:10.0.0.5"), local.failed("ip:10.0.0.5")
+        assert abs(got - want) < 0.5, (got, want)
+    assert 34 < shared.blocked_for("ip:10.0.0.5") <= 35
 
 
 def test_two_apps_on_one_redis_refuse_a_token_past_the_shared_limit(
@@ -77,15 +113,16 @@ def test_a_redis_outage_falls_back_to_the_per_process_limit(
     redis.start()
     try:
         settings = _settings(redis.url, rate_limit_per_s=0.1, rate_limit_burst=3)
-        limiter, throttle = make_limiters(settings)
+        limiter, failures = make_limiters(settings)
+        throttle = failures.per_token
         assert limiter.allow("token:x") == 0.0  # one taken from the shared bucket
         redis.stop()
         with caplog.at_level(logging.WARNING, logger="service.ratelimit"):
             # This process's own bucket: the full burst, then refusals; never an error.
             answers = [limiter.allow("token:x") for _ in range(5)]
-            for _ in range(20):
-                throttle.failed("10.0.0.9")
-            assert throttle.blocked_for("10.0.0.9") > 0
+            for _ in range(throttle.limit):
+                throttle.failed("token:0123456789abcdef")
+            assert throttle.blocked_for("token:0123456789abcdef") > 0
         assert answers[:3] == [0.0] * 3 and all(w > 0 for w in answers[3:])
         outage = [r for r in caplog.records if "does not answer the rate limiter" in r.message]
         assert len(outage) == 1  # one warning per outage, not one per request

@@ -12,6 +12,7 @@ from service.api.routes.schedules import KEY_RE
 from service.errors import ApiError
 from service.queue import QueueUnavailable
 from service.store import admin, plans
+from service.tenants import ALL_TENANTS, check_tenant
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -73,14 +74,58 @@ def retune(key: str, ctx: Ctx, _who: Admin) -> JSONResponse:
     return JSONResponse(_found(job, key), status_code=202)
 
 
-@router.post("/plans/{key}/invalidate")
-def invalidate_plan(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
-    """Delete a plan: clients miss it and store the one their next compile makes."""
+def _tenant_param(tenant: str | None) -> str | None:
+    """A tenant named in a query: a tenant's name, or `*` for the published plans."""
+    if tenant is None or tenant == ALL_TENANTS:
+        return tenant
+    try:
+        return check_tenant(tenant)
+    except ValueError as exc:
+        raise _bad(exc) from None
+
+
+@router.get("/plans")
+def list_plans(ctx: Ctx, _who: Admin, key: str | None = Query(None, max_length=64),
+               tenant: str | None = Query(None, max_length=64),
+               limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+    """Stored plans, newest first (not their bodies): key, tenant (`*`: published to all),
+    kind, bytes, created_at, hits, last_hit_at, published_from."""
+    if key is not None:
+        _known_key(key, "plan")
     with ctx.transaction() as session:
-        deleted = plans.delete_plan(session, _known_key(key, "plan"))
+        return {"items": plans.list_plans(session, key=key, tenant=_tenant_param(tenant),
+                                          limit=limit)}
+
+
+@router.post("/plans/{key}/publish")
+def publish_plan(key: str, ctx: Ctx, _who: Admin,
+                 tenant: str = Query(..., max_length=64)) -> dict[str, Any]:
+    """Publish `tenant`'s plan for `key` to every tenant: a tenant without its own plan for
+    the key reads this one. 409 when another plan is published for the key."""
+    name = _tenant_param(tenant)
+    if name == ALL_TENANTS:
+        raise ApiError(422, "invalid_request", "name the tenant whose plan to publish")
+    with ctx.transaction() as session:
+        try:
+            published = plans.publish_plan(session, _known_key(key, "plan"), name)
+        except ValueError as exc:
+            raise ApiError(409, "conflict", str(exc)) from None
+    if published is None:
+        raise ApiError(404, "not_found", f"tenant {name} holds no plan {key}")
+    return {"key": key, "tenant": name, "published": True, "created": published}
+
+
+@router.post("/plans/{key}/invalidate")
+def invalidate_plan(key: str, ctx: Ctx, _who: Admin,
+                    tenant: str | None = Query(None, max_length=64)) -> dict[str, Any]:
+    """Delete the key's plans: every tenant's and the published one, or only `tenant`'s
+    (`*`: only the published one). Clients miss and store the one their next compile makes."""
+    name = _tenant_param(tenant)
+    with ctx.transaction() as session:
+        deleted = plans.delete_plan(session, _known_key(key, "plan"), name)
     if not deleted:
-        raise ApiError(404, "not_found", f"no plan {key}")
-    return {"key": key, "invalidated": True}
+        raise ApiError(404, "not_found", f"no plan {key}" + (f" of tenant {name}" if name else ""))
+    return {"key": key, "invalidated": True, "deleted": deleted}
 
 
 @router.get("/stats")

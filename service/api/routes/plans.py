@@ -1,9 +1,12 @@
 """`PUT /v1/plans/{key}` and `GET /v1/plans/{key}`: plans (kiln.plan/1) that let a
 client's next process skip AOTAutograd for a dynamo graph it compiled before.
 
-A plan is stored once per key, first writer wins, and never replaced (an admin may delete
-it). The service checks each plan as data (`compiler.wire.plan.parse_plan`) and never runs
-it; a client checks a fetched plan against its own dynamo graph before using it.
+Plans are client-written code that another client's job would run, so they are scoped to
+the caller's tenant (service/tenants.py): a plan is stored once per key and tenant, first
+writer wins, never replaced (an admin may delete it), and a lookup answers the caller's
+tenant's plan, else the one an admin published to all; never another tenant's. The service
+checks each plan as data (`compiler.wire.plan.parse_plan`) and never runs it; a client
+checks a fetched plan against its own dynamo graph before using it.
 """
 
 from __future__ import annotations
@@ -63,36 +66,38 @@ def _parse(body: bytes, cancel: threading.Event) -> tuple[str, str, str]:
     return plan.key, plan.kind, plan_text(plan)
 
 
-def _store(ctx: ServiceContext, key: str, kind: str, text: str) -> bool:
+def _store(ctx: ServiceContext, key: str, tenant: str, kind: str, text: str) -> bool:
     with ctx.transaction() as session:
-        return store.put_plan(session, key, kind, text)
+        return store.put_plan(session, key, tenant, kind, text)
 
 
-def _held(ctx: ServiceContext, key: str) -> bool:
+def _held(ctx: ServiceContext, key: str, tenant: str) -> bool:
     with ctx.transaction() as session:
-        return store.has_plan(session, key)
+        return store.has_plan(session, key, tenant)
 
 
-def _fetch(ctx: ServiceContext, key: str) -> str | None:
+def _fetch(ctx: ServiceContext, key: str, tenant: str) -> str | None:
     with ctx.transaction() as session:
-        return store.get_plan(session, key)
+        return store.get_plan(session, key, tenant)
 
 
 @router.put("/plans/{key}", status_code=201, openapi_extra={"requestBody": _BODY_SCHEMA},
-            responses={200: {"description": "the key already holds a plan, which stays"},
+            responses={200: {"description": "the caller's tenant already holds a plan for the "
+                                    "key, which stays"},
                        201: {"description": "stored"}, 413: {"description": "too large"},
                        422: {"description": "bad plan, or its key is not the URL's"}})
-async def put_plan(key: str, request: Request, ctx: Ctx, _who: Client) -> JSONResponse:
-    """Store a kiln.plan/1 document under `key` (its own `key` field): 201 `{"key",
-    "created": true}`, or 200 `{"key", "created": false}` when the key already holds a
-    plan, which is kept (first writer wins; the body is then not checked)."""
+async def put_plan(key: str, request: Request, ctx: Ctx, who: Client) -> JSONResponse:
+    """Store a kiln.plan/1 document under `key` (its own `key` field) for the caller's
+    tenant: 201 `{"key", "created": true}`, or 200 `{"key", "created": false}` when the
+    tenant already holds a plan for the key, which is kept (first writer wins; the body is
+    then not checked). Another tenant's plan for the key neither blocks nor sees this one."""
     from compiler.wire.plan import max_plan_bytes
 
     _check_key(key)
     limit = max_plan_bytes()
     async with limiter_of(request).admit(body_weight(request, limit)):
         body = await read_body(request, limit)
-        if await run_in_threadpool(_held, ctx, key):
+        if await run_in_threadpool(_held, ctx, key, who.tenant):
             # The stored plan stays whatever this body holds: not validated for nothing
             # (every rank of a job that found none sends the same plan at once).
             PLAN_STORES.labels("known").inc()
@@ -100,20 +105,22 @@ async def put_plan(key: str, request: Request, ctx: Ctx, _who: Client) -> JSONRe
         plan_key, kind, text = await run_cancellable(request, _parse, body)
     if plan_key != key:
         raise ApiError(422, "key_mismatch", f"the plan's key {plan_key} is not the URL's {key}")
-    created = await run_in_threadpool(_store, ctx, key, kind, text)
+    created = await run_in_threadpool(_store, ctx, key, who.tenant, kind, text)
     PLAN_STORES.labels("created" if created else "known").inc()
     return JSONResponse({"key": key, "created": created}, status_code=201 if created else 200)
 
 
 @router.get("/plans/{key}", responses={
     200: {"description": "the stored plan", "content": {"application/json": {"schema": _PLAN_SCHEMA}}},
-    404: {"description": "no plan for this key"}, 422: {"description": "malformed key"}})
-async def get_plan(key: str, ctx: Ctx, _who: Client) -> Response:
-    """200 with the stored kiln.plan/1 document (canonical JSON), 404 when the key holds
-    none. The service checked it as data when it was stored; the client checks it against
-    its own dynamo graph before using it."""
+    404: {"description": "no plan for this key in the caller's tenant, nor a published one"},
+    422: {"description": "malformed key"}})
+async def get_plan(key: str, ctx: Ctx, who: Client) -> Response:
+    """200 with the kiln.plan/1 document (canonical JSON) of the caller's tenant for `key`,
+    else the one an admin published to all; 404 when there is neither. The service checked
+    it as data when it was stored; the client checks it against its own dynamo graph before
+    using it."""
     _check_key(key)
-    text = await run_in_threadpool(_fetch, ctx, key)
+    text = await run_in_threadpool(_fetch, ctx, key, who.tenant)
     if text is None:
         PLAN_LOOKUPS.labels("miss").inc()
         raise ApiError(404, "not_found", f"no plan for key {key}; compile and PUT one")
