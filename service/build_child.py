@@ -16,8 +16,10 @@ has its own compile process with its own time limit).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 _OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "std::bad_alloc")
+BUILD_NICE = 10  # below the API and its intake children (service.intake_child.NICE)
 
 
 class BuildLimitError(RuntimeError):
@@ -113,6 +116,8 @@ def _child(conn: Connection, wire: str, target_json: dict[str, Any], interpret_m
     # for the interpreter's threads; the worker kills it at `timeout_s` of wall time.
     cpu_s = int(2 * timeout_s) + 10
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    with contextlib.suppress(OSError):  # the API's lookups win a core from a build
+        os.nice(BUILD_NICE)
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     try:
