@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
-import json
 import logging
 import threading
 import time
@@ -82,7 +81,11 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     recorder = None
     key = _plan_key(gm, example_inputs, config)
     if key is not None:
-        runner = _compile_planned(key, gm, example_inputs, _resolver(config), tag_of)
+        try:
+            runner = _compile_planned(key, gm, example_inputs, _resolver(config), tag_of)
+        except Exception as exc:  # noqa: BLE001 - a plan never breaks the job: AOTAutograd instead
+            degrade.warn_once("plan", f"{key[:12]}: {type(exc).__name__}: {str(exc)[:200]}")
+            runner = None
         if runner is not None:
             return runner
         recorder = plans.Recorder(key, functools.partial(_publish_plan,
@@ -435,26 +438,24 @@ def _load_plan(key: str, resolver: Resolver) -> Any:
     if client is None or resolver.service_down():
         return None
     try:
-        doc = client.plan(key)
+        text = client.plan(key)
     except ServiceError as exc:
         resolver.failed(exc)
         return None
-    if doc is None:
+    if text is None:
         return None
-    try:
-        plan = parse_plan(doc)
-    except PlanError as exc:
-        degrade.warn_once("malformed", f"plan {key[:12]}: {exc}", url=resolver.config.url or "?")
+    try:  # decoded with the wire format's bounds (size, containers, nesting)
+        plan = parse_plan(text)
+    except (PlanError, RecursionError, MemoryError) as exc:
+        degrade.warn_once("malformed", f"plan {key[:12]}: {str(exc)[:200]}",
+                          url=resolver.config.url or "?")
         return None
     if plan.key != key:
         degrade.warn_once("malformed", f"plan {key[:12]} names another key",
                           url=resolver.config.url or "?")
         return None
     if cache is not None:
-        # The document as received, parsed and checked: no copy of its graphs to re-encode.
-        text = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"),
-                                                           allow_nan=False)
-        _keep_plan(cache, key, text)
+        _keep_plan(cache, key, text)  # as received, parsed and checked: nothing re-encoded
     return plan
 
 

@@ -62,6 +62,8 @@ class ServiceBinaries:
         except ServiceError as exc:  # the schedule's own request reported the service's state
             log.debug("kiln: no compiled kernels from the service: %s", exc)
             degrade.count("binaries_unavailable")
+            if exc.cause == "malformed":  # which that request may not have seen
+                degrade.warn_once("malformed", str(exc), url=self.client.url)
             return set()
         installed: set[str] = set()
         for key, job in wanted.items():

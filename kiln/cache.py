@@ -5,7 +5,8 @@ this directory, so:
 - a write goes to a temporary file in the same directory, then `os.replace` puts it in
   place atomically: a reader sees the old entry or the new one, never half of one;
 - a read checks the content (format, key, status, and a sha256 of the schedule recorded
-  beside it), so a truncated or foreign file is a miss, never a crash;
+  beside it) after decoding it within bounds (`kiln.bounded_json`: size, containers,
+  nesting), so a truncated, foreign or hostile file is a miss, never a crash;
 - a heuristic entry never replaces a tuned one;
 - the directory has a size cap (`KILN_CACHE_MAX_BYTES`): a write that takes it past the cap
   evicts the least recently used entries (a read marks an entry used by touching its mtime,
@@ -25,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kiln import bounded_json
 
 log = logging.getLogger("kiln")
 
@@ -241,7 +244,7 @@ class ScheduleCache(FileCache):
             return None
         path = self.path(key)
         try:
-            doc = json.loads(raw)
+            doc = bounded_json.loads(raw, max_bytes=MAX_ENTRY_BYTES)
             ok = (
                 isinstance(doc, dict)
                 and doc.get("format") == FORMAT

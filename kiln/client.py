@@ -5,7 +5,9 @@ deadline, `request_timeout` from its start, and every socket operation waits at 
 left until it, so a server that trickles bytes is cut off at the deadline too. A few retries
 with backoff for connection errors, 429 and 502-504, never past the overall deadline. Every failure is a `ServiceError` whose `cause` is one of
 `degrade.CAUSES`, so the backend can warn once per cause. Answers are validated before
-anything uses them: a malformed answer is an error, never a crash later.
+anything uses them: a malformed answer is an error, never a crash later. An answer is
+bounded before it is decoded (`kiln.bounded_json`: its declared and read size, containers
+and nesting), then each field it gives is checked for type and length.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import http.client
 import io
 import json
 import logging
+import re
 import ssl
 import time
 from dataclasses import dataclass
@@ -23,10 +26,16 @@ from typing import Any
 from urllib.parse import SplitResult, quote, urlsplit
 
 from compiler.runtime.gil import short_switch_interval
+from kiln import bounded_json
 
 log = logging.getLogger("kiln")
 
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+MAX_ID_CHARS = 128  # a job id, a binary's key or source hash
+MAX_ERROR_CHARS = 1000  # a job's error, as a warning quotes it
+MAX_BINARY_FILES = 16  # one kernel's metadata and binary (Triton writes a few)
+MAX_FILE_NAME = 255
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 USER_AGENT = "kiln-client/1"
 _RETRY_STATUSES = {429, 502, 503, 504}
 
@@ -156,11 +165,11 @@ class ServiceClient:
         status, doc = self._request("GET", f"/v1/jobs/{quote(str(job_id), safe='')}")
         if status != 200:
             raise self._unexpected(status, doc)
-        if not isinstance(doc, dict) or doc.get("status") not in JOB_STATUSES:
+        if not isinstance(doc, dict) or not _one_of(doc.get("status"), JOB_STATUSES):
             raise ServiceError("malformed", f"job answer without a valid status: {_short(doc)}")
         error = doc.get("error")
         return Job(id=str(job_id), status=doc["status"],
-                   error=error if isinstance(error, str) else None)
+                   error=error[:MAX_ERROR_CHARS] if isinstance(error, str) else None)
 
     def binaries(self, keys: list[str]) -> dict[str, Binary]:
         """GET /v1/binaries: the compiled kernels the service holds among `keys` (Triton
@@ -183,15 +192,20 @@ class ServiceClient:
 
     # -- plans (kiln.plans): AOTAutograd's results, by dynamo graph key -------------------
 
-    def plan(self, key: str) -> Any:
-        """GET /v1/plans/{key}: the plan document as sent (the caller parses and checks
-        it), or None when the service has none."""
-        status, doc = self._request("GET", f"/v1/plans/{quote(key, safe='')}")
+    def plan(self, key: str) -> str | None:
+        """GET /v1/plans/{key}: the plan document's text as sent, not decoded (the caller
+        parses and checks it with the wire format's own bounds), or None when the service
+        has none."""
+        path = f"/v1/plans/{quote(key, safe='')}"
+        status, raw = self._request("GET", path, decode=False)
         if status == 404:
             return None
         if status != 200:
-            raise self._unexpected(status, doc)
-        return doc
+            raise self._unexpected(status, _decode("GET", path, status, raw))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ServiceError("malformed", f"GET {path}: a plan that is not UTF-8") from exc
 
     def put_plan(self, key: str, text: str) -> bool:
         """PUT /v1/plans/{key} with the plan's JSON text; whether the service stored it (a
@@ -215,9 +229,10 @@ class ServiceClient:
 
     # -- transport --------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def _request(self, method: str, path: str, body: Any = None,
+                 decode: bool = True) -> tuple[int, Any]:
         """One request with retries (`body`: a JSON value, or JSON text); returns (HTTP
-        status, decoded JSON or None).
+        status, decoded JSON or None; without `decode`, the body's bytes).
         Connection errors, 429 and 502-504 are retried (with backoff, within the deadline);
         a timeout is not, so a hung service costs one timeout, not several."""
         deadline = time.monotonic() + self.request_timeout * (self.retries + 1)
@@ -238,7 +253,7 @@ class ServiceClient:
                 log.debug("kiln: %s %s failed (%s), retrying", method, path, exc)
             else:
                 if status not in _RETRY_STATUSES or not retry_ok:
-                    return status, _decode(method, path, status, raw)
+                    return status, (_decode(method, path, status, raw) if decode else raw)
                 log.debug("kiln: %s %s answered %d, retrying", method, path, status)
             time.sleep(delay)
             delay *= 2
@@ -306,13 +321,19 @@ def _decode(method: str, path: str, status: int, raw: bytes) -> Any:
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ServiceError("malformed", f"{method} {path}: HTTP {status} with a body "
-                           f"that is not JSON: {raw[:80]!r}") from exc
+        return bounded_json.loads(raw, max_bytes=MAX_ANSWER_BYTES)
+    except bounded_json.Refused as exc:
+        raise ServiceError("malformed", f"{method} {path}: HTTP {status} with a body kiln "
+                           f"does not decode ({exc}): {raw[:40]!r}") from None
 
 
 def _read_bounded(resp: http.client.HTTPResponse) -> bytes:
+    """The answer's body, refused as soon as it is known to pass `MAX_ANSWER_BYTES`: from
+    its Content-Length before reading any, else while it arrives."""
+    declared = resp.getheader("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise ServiceError("malformed", f"answer of {int(declared)} bytes declared, more than "
+                           f"{MAX_ANSWER_BYTES}")
     chunks: list[bytes] = []
     total = 0
     while True:
@@ -384,11 +405,11 @@ def _parse_answer(doc: Any, key: str, http_status: int) -> Answer:
     status = doc.get("status")
     schedule = doc.get("schedule")
     job_id = doc.get("job_id")
-    if job_id is not None and not isinstance(job_id, str | int):
-        raise ServiceError("malformed", f"job_id is not a string: {_short(job_id)}")
-    if http_status == 200 and status not in ("heuristic", "tuned"):
+    if job_id is not None and not _identifier(job_id):
+        raise ServiceError("malformed", f"job_id is not an id: {_short(job_id)}")
+    if http_status == 200 and not _one_of(status, ("heuristic", "tuned")):
         raise ServiceError("malformed", f"HTTP 200 with status {_short(status)}")
-    if status not in ("pending", "heuristic", "tuned", "failed"):
+    if not _one_of(status, ("pending", "heuristic", "tuned", "failed")):
         raise ServiceError("malformed", f"unknown schedule status {_short(status)}")
     if status in ("heuristic", "tuned") and not isinstance(schedule, dict):
         if status == "tuned":
@@ -397,20 +418,35 @@ def _parse_answer(doc: Any, key: str, http_status: int) -> Answer:
     if status in ("pending", "failed"):
         schedule = None
     job_status = doc.get("job_status")
-    if job_status is not None and job_status not in JOB_STATUSES:
+    if job_status is not None and not _one_of(job_status, JOB_STATUSES):
         raise ServiceError("malformed", f"unknown job status {_short(job_status)}")
     return Answer(key=key, status=status, schedule=schedule,
                   job_id=None if job_id is None else str(job_id), job_status=job_status)
 
 
+def _one_of(value: Any, choices: tuple[str, ...]) -> bool:
+    return isinstance(value, str) and value in choices
+
+
+def _identifier(value: Any) -> bool:
+    """A job id as services send it: a short string, or an integer (not a bool)."""
+    if isinstance(value, str):
+        return 0 < len(value) <= MAX_ID_CHARS
+    return type(value) is int and 0 <= value < 10**18
+
+
 def _error_message(doc: Any) -> str:
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
         err = doc["error"]
-        return f"{err.get('code')}: {err.get('message')}"
+        return f"{_short(err.get('code'), 40)}: {_short(err.get('message'), 200)}"
     return _short(doc)
 
 
 def _short(value: Any, limit: int = 80) -> str:
+    if isinstance(value, str | bytes) and len(value) > limit:
+        value = value[:limit]  # not repr() of megabytes first
+    elif isinstance(value, dict | list) and len(value) > 8:
+        return f"<{type(value).__name__} of {len(value)}>"
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -423,18 +459,37 @@ def _parse_binaries(doc: Any, asked: set[str]) -> tuple[dict[str, Binary], list[
         raise ServiceError("malformed", f"binaries answer of the wrong shape: {_short(doc)}")
     found: dict[str, Binary] = {}
     for item in doc["binaries"]:
-        try:
-            key, source_hash = item["key"], item["source_hash"]
-            files = {f["name"]: (f["sha256"], base64.b64decode(f["data"], validate=True))
-                     for f in item["files"]}
-        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
-            raise ServiceError("malformed", f"a binary in the answer is malformed: {exc}") from exc
-        if key not in asked or not isinstance(source_hash, str) or not all(
-                isinstance(name, str) and isinstance(digest, str)
-                for name, (digest, _) in files.items()):
-            raise ServiceError("malformed", f"binaries answer names key {str(key)[:16]!r} "
-                               "that was not asked, or fields of the wrong type")
-        found[key] = Binary(key, source_hash, files)
+        binary = _parse_binary(item, asked)
+        found[binary.key] = binary
     left_out = [k for k in doc.get("left_out", []) if isinstance(k, str) and k in asked
                 and k not in found]
     return found, left_out
+
+
+def _parse_binary(item: Any, asked: set[str]) -> Binary:
+    """One binary of the answer, each field's type and length checked, its files decoded."""
+    def refuse(why: str) -> ServiceError:
+        return ServiceError("malformed", f"a binary in the answer {why}")
+
+    if not isinstance(item, dict) or not isinstance(item.get("files"), list):
+        raise refuse("is not an object with a list of files")
+    key, source_hash = item.get("key"), item.get("source_hash")
+    if not isinstance(key, str) or key not in asked:
+        raise refuse(f"names key {_short(key, 20)}, which was not asked")
+    if not isinstance(source_hash, str) or not 0 < len(source_hash) <= MAX_ID_CHARS:
+        raise refuse("has no source hash")
+    if len(item["files"]) > MAX_BINARY_FILES:
+        raise refuse(f"has {len(item['files'])} files, more than {MAX_BINARY_FILES}")
+    files: dict[str, tuple[str, bytes]] = {}
+    for f in item["files"]:
+        if not isinstance(f, dict) or not all(isinstance(f.get(k), str)
+                                              for k in ("name", "sha256", "data")):
+            raise refuse("has a file without a name, sha256 and data as strings")
+        name, digest = f["name"], f["sha256"]
+        if not 0 < len(name) <= MAX_FILE_NAME or name in files or not _SHA256.fullmatch(digest):
+            raise refuse(f"has a file {_short(name, 40)} of a bad name or sha256")
+        try:
+            files[name] = (digest, base64.b64decode(f["data"], validate=True))
+        except (binascii.Error, ValueError) as exc:
+            raise refuse(f"has file {_short(name, 40)} of bad base64 ({exc})") from None
+    return Binary(key, source_hash, files)

@@ -4,11 +4,11 @@ process with memory and time limits.
 A graph of a few hundred bytes can describe hours of work or gigabytes of intermediates;
 the build of such a graph must never hold a worker, or its host, longer than its limits.
 Each build runs in a fresh child forked from a forkserver that has kiln, torch and Triton
-imported (so a child starts in milliseconds, and no thread of the worker is forked). The
-child's data segment is capped (`RLIMIT_DATA`: heap and anonymous mappings, where tensors
-live; shared libraries do not count against it), and its CPU time as a backstop should it
-outlive the worker. The worker waits for the result up to the time limit, then kills the
-child: a timed-out build frees its worker at once. Results come back as JSON, never pickle.
+imported (`service.forkserver`: a child starts in milliseconds, and no thread of the worker
+is forked). The child's data segment is capped (`RLIMIT_DATA`: heap and anonymous mappings,
+where tensors live; shared libraries do not count against it), and its CPU time as a
+backstop should it outlive the worker. The worker waits for the result up to the time
+limit, then kills the child: a timed-out build frees its worker at once. Results come back as JSON, never pickle.
 
 Compiling the kernels for a CUDA target stays in the worker (`pipeline.compile_for_target`
 has its own compile process with its own time limit).
@@ -16,9 +16,10 @@ has its own compile process with its own time limit).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import multiprocessing as mp
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -26,15 +27,13 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any
 
-from service import pipeline
+from service import forkserver, pipeline
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Imported once in the forkserver, so that each forked build starts with them loaded.
-_PRELOAD = ["service.pipeline", "compiler.lowering.frontend", "compiler.scheduling.heuristics", "compiler.runtime.built",
-            "compiler.wire.graph", "tuner.verify", "triton.language", "torch._dynamo"]
 _OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "std::bad_alloc")
+BUILD_NICE = 10  # below the API and its intake children (service.intake_child.NICE)
 
 
 class BuildLimitError(RuntimeError):
@@ -66,7 +65,7 @@ def build_in_child(wire: str, target_json: dict[str, Any], interpret_max_numel: 
     Raises `BuildLimitError` when the child runs past `timeout_s` (it is killed) or runs
     out of memory, RuntimeError when it dies otherwise, and `BuildFailed` carrying the
     child's error when the build fails (an invalid graph, a wrong interpreter result)."""
-    ctx = _context()
+    ctx = forkserver.context()
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, name="kiln-build",
                         args=(send, wire, target_json, interpret_max_numel, memory_bytes,
@@ -111,18 +110,14 @@ def _died(exitcode: int | None, memory_bytes: int) -> Exception:
     return RuntimeError(f"the build process {how}")
 
 
-def _context() -> Any:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
 def _child(conn: Connection, wire: str, target_json: dict[str, Any], interpret_max_numel: int,
            memory_bytes: int, timeout_s: float) -> None:
     # A backstop for a child that outlives its worker (killed -9): CPU seconds, with room
     # for the interpreter's threads; the worker kills it at `timeout_s` of wall time.
     cpu_s = int(2 * timeout_s) + 10
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    with contextlib.suppress(OSError):  # the API's lookups win a core from a build
+        os.nice(BUILD_NICE)
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     try:

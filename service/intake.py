@@ -1,22 +1,26 @@
-"""Turn a `POST /v1/graphs` body into a validated submission, or a clear 4xx error."""
+"""Turn a `POST /v1/graphs` body into a validated submission, or a clear 4xx error.
+
+The API reads a body (`read_body`: Content-Length checked before a byte is read, the size
+counted as it streams) within the intake's slots (`IntakeLimiter`); decoding and validating
+it happen in a child process (`intake_child`, `service.intake_child`), never on the API's
+event loop or heap."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
 from service.api.limits import BODY_TIMED_OUT
 from service.errors import ApiError
+from service.intake_child import IntakeChild
 from service.store import Submission
-
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 MAX_TAG = 200
@@ -104,42 +108,74 @@ def body_weight(request: Request, limit: int) -> int:
         return limit
 
 
-def warm_validation() -> None:
-    """Import and run graph validation once (torch, the op allowlist, meta kernels), at
-    startup: otherwise the first submissions each wait seconds on those imports together,
-    and on an H200 host three of them (a training graph's forward and backward, its plan)
-    outlasted their client's 10 s timeout: it built both graphs locally, its poller got
-    only one of them to the service before the process ended, and the plan was lost."""
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
+class ChildIntake:
+    """A request's `IntakeChild` for the event loop: each exchange on the thread pool."""
 
-    import compiler
+    def __init__(self, child: IntakeChild) -> None:
+        self._child = child
 
-    x = torch.ones(2, 2)
-    compiler.from_wire(compiler.to_wire(make_fx(lambda t: (t + 1,))(x), [x]))
+    async def submission(self, body: bytes) -> Submission:
+        """The body decoded and its graph named (`read_submission`, in the child)."""
+        return Submission(**await run_in_threadpool(self._child.submission, body))
+
+    async def finish(self, validate: bool) -> None:
+        """Validate the graph (`validate_graph`, in the child), or not when it is known."""
+        await run_in_threadpool(self._child.finish, validate)
+
+    async def plan(self, body: bytes) -> dict[str, str]:
+        """A plan body's `key`, `kind` and canonical `text` (in the child)."""
+        return await run_in_threadpool(self._child.plan, body)
 
 
-async def run_cancellable(request: Request, parse: Callable[[Any, threading.Event], T],
-                          body: Any) -> T:
-    """`parse(body, cancel)` in a worker thread, with `cancel` set when the client
-    disconnects (validation of a large graph can take seconds of CPU; it stops between two
-    nodes with ApiError "cancelled")."""
-    cancel = threading.Event()
+@asynccontextmanager
+async def intake_child(request: Request) -> AsyncIterator[ChildIntake]:
+    """A child process that decodes and validates this request's body
+    (`service.intake_child`), killed when the client disconnects (its exchange then raises
+    ApiError "cancelled") and once the request is done with it."""
+    settings = request.app.state.settings
+    child = await run_in_threadpool(IntakeChild, settings.intake_memory_mb << 20,
+                                    settings.intake_budget_s)
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        cancel.set()
+        child.cancel()
 
     watcher = asyncio.create_task(watch())
     try:
-        return await run_in_threadpool(parse, body, cancel)
+        yield ChildIntake(child)
     except ApiError as exc:
         if exc.code == "cancelled":
             log.info("validation for %s stopped: the client went away", request.url.path)
         raise
     finally:
         watcher.cancel()
+        await run_in_threadpool(child.close)
+
+
+def warm_intake(settings: Any) -> None:
+    """Start the forkserver (kiln, torch and Triton imported: seconds) and check one small
+    graph through an intake child, at startup: otherwise the first submissions each wait on
+    those imports together, and on an H200 host three of them (a training graph's forward
+    and backward, its plan) outlasted their client's 10 s timeout: it built both graphs
+    locally, its poller got only one of them to the service before the process ended, and
+    the plan was lost."""
+    import json
+
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import compiler
+
+    x = torch.ones(2, 2)
+    graph = compiler.to_wire(make_fx(lambda t: (t + 1,))(x), [x])
+    body = json.dumps({"graph": graph, "target": compiler.Target.detect("cpu").to_json()})
+    child = IntakeChild(settings.intake_memory_mb << 20, settings.intake_budget_s)
+    try:
+        child.submission(body.encode())
+        child.finish(validate=True)
+    finally:
+        child.close()
 
 
 def _field(obj: dict[str, Any], name: str) -> Any:

@@ -44,6 +44,8 @@ class Settings(BaseModel):
     intake_slots: int = Field(default=4, ge=1)  # submissions read and validated at once
     intake_bytes: int = Field(default=32 << 20, ge=1)  # their bodies together
     intake_wait_s: float = Field(default=10.0, ge=0)  # for room, then 503
+    intake_memory_mb: int = Field(default=2048, ge=0)  # an intake child's data segment; 0: no cap
+    intake_budget_s: float = Field(default=30.0, gt=0)  # an intake child's wall time, then 422
     body_timeout_s: float = Field(default=60.0, gt=0)  # a request body in all, then 408
     body_idle_s: float = Field(default=10.0, gt=0)  # between two pieces of a body, then 408
     db_pool_size: int = Field(default=10, ge=1)

@@ -24,7 +24,7 @@ from service.auth import admin_token_weakness
 from service.context import HitBuffer, ServiceContext
 from service.errors import install_error_handlers
 from service.hotpath import ScheduleReader
-from service.intake import warm_validation
+from service.intake import warm_intake
 from service.metrics import MetricsMiddleware
 from service.ratelimit import make_limiters
 from service.settings import Settings
@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
         except Exception as exc:
             log.warning("initial recovery pass failed: %s", exc)
         try:  # before the first request: none of them waits on the imports
-            await run_in_threadpool(warm_validation)
+            await run_in_threadpool(warm_intake, ctx.settings)
             app.state.validation_warm = True
         except Exception as exc:  # noqa: BLE001 - the first submission pays instead
             log.warning("warming graph validation failed: %s", exc)

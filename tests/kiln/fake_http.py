@@ -3,8 +3,8 @@
 `handler(method, path, body) -> (status, headers, bytes)` decides each answer (status 0:
 close the connection without one); every request is recorded in `requests` as
 (method, path, body, headers). Requests for plans (`/v1/plans/...`, kiln.plans) never
-reach the handler: the server answers them as a service that has none and stores what it
-is sent (404 and 201). Nor does, unless `lookups=True`, a schedule lookup
+reach the handler unless `plans=True`: the server answers them as a service that has none
+and stores what it is sent (404 and 201). Nor does, unless `lookups=True`, a schedule lookup
 (`GET /v1/schedules/{key}`) of a key no graph was submitted for: the server answers it as
 a service that starts empty (404 `not_found`, the client then submits) and records it in
 `lookups`. This is not the kiln service: tests that need the real service start it.
@@ -34,7 +34,8 @@ def json_reply(status: int, doc: Any) -> Reply:
 class FakeServer:
     """Serve `handler` on 127.0.0.1 in a daemon thread; use as a context manager."""
 
-    def __init__(self, handler: Handler, port: int = 0, lookups: bool = False) -> None:
+    def __init__(self, handler: Handler, port: int = 0, lookups: bool = False,
+                 plans: bool = False) -> None:
         self.handler = handler
         self.requests: list[tuple[str, str, Any, dict[str, str]]] = []
         self.lookups: list[str] = []  # keys looked up before any submission of theirs
@@ -52,7 +53,7 @@ class FakeServer:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw
-                if self.path.startswith("/v1/plans/"):
+                if self.path.startswith("/v1/plans/") and not plans:
                     status, headers, data = _no_plans(method)
                 elif not lookups and outer._unknown_lookup(method, self.path):
                     outer.lookups.append(self.path.rsplit("/", 1)[-1])

@@ -174,20 +174,22 @@ def test_a_known_graph_is_answered_without_running_its_ops(client: TestClient, p
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation runs a graph's ops on meta tensors; a graph whose entry has a schedule
     passed it when first stored, so a resubmission (every rank of every job, at its start)
-    is answered from its canonical text alone. A new graph is still validated."""
-    from compiler.wire.graph import WireIdentity
+    is answered from its canonical text alone. A new graph is still validated (in the
+    request's intake child, which the API tells whether to)."""
+    from service.intake_child import IntakeChild
 
     known, other = wire_body(), wire_body(target=gpu_target())  # encoding validates too
     key = client.post("/v1/graphs", json=known).json()["key"]
     _publish(pg_ctx, key)
-    ran: list[int] = []
-    real = WireIdentity.validate
-    monkeypatch.setattr(WireIdentity, "validate", lambda *a, **k: ran.append(1) or real(*a, **k))
+    ran: list[bool] = []
+    real = IntakeChild.finish
+    monkeypatch.setattr(IntakeChild, "finish",
+                        lambda child, validate: ran.append(validate) or real(child, validate))
     again = client.post("/v1/graphs", json=known)
     assert again.status_code == 202 and again.json()["schedule"]["status"] == "heuristic"
-    assert not ran
+    assert ran == [False]
     new = client.post("/v1/graphs", json=other)  # no schedule yet
-    assert new.status_code == 202 and ran == [1]
+    assert new.status_code == 202 and ran == [False, True]
 
     bad = wire_body("gpt_block.fwd")  # unknown, and a declared meta its op does not give
     node = next(n for n in bad["graph"]["nodes"]

@@ -114,3 +114,57 @@ def test_healthz_answers_fast_under_a_flood_of_expensive_submissions(api):
     poller.join()
     assert set(codes) <= {422, 503} and 503 in codes, codes  # the rest waited, then were told to retry
     assert len(latencies) > 10 and max(latencies) < 1.0, (statistics.median(latencies), max(latencies))
+
+
+FLOOD_RSS_GROWTH_MB = 256  # the API's own memory under the flood (docs/operations.md)
+
+
+def _rss_mb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) >> 10 for line in status if line.startswith("VmRSS:"))
+
+
+def test_four_16mib_junk_bodies_never_stall_healthz_nor_grow_the_api(tmp_path: Path):
+    """Issue 30, item 4: one array of 8M numbers held the GIL for its whole parse (healthz
+    0.9 s), and bodies of millions of tiny objects grew the API by 660 MB; both now decode
+    in intake children. The bound is liveness, with room for a loaded 2-core box."""
+    proc, url = start_api(tmp_path, free_port(), KILN_DATABASE_URL=f"sqlite:///{tmp_path / 'kiln.db'}")
+    try:
+        mib16 = 16 << 20
+        numbers = b"[" + b"1," * (mib16 // 2 - 2) + b"1]"
+        objects = (b'{"graph":{"format":"kiln.graph/1","inputs":[],"outputs":[],"nodes":['
+                   + b'{"a":1},' * ((mib16 - 100) // 8) + b'{}]},"target":{}}')
+        idle_mb = _rss_mb(proc.popen.pid)
+        peak_mb, latencies, codes = [idle_mb], [], []
+        stop = threading.Event()
+
+        def poll() -> None:
+            with httpx.Client(timeout=30) as client:
+                while not stop.is_set():
+                    start = time.monotonic()
+                    assert client.get(f"{url}/healthz").status_code == 200
+                    latencies.append(time.monotonic() - start)
+                    peak_mb.append(_rss_mb(proc.popen.pid))
+                    time.sleep(0.02)
+
+        def send(body: bytes) -> None:
+            with httpx.Client(timeout=60) as client:
+                while not stop.is_set():
+                    codes.append(client.post(f"{url}/v1/graphs", content=body, headers={
+                        "Content-Type": "application/json"}).status_code)
+
+        threads = [threading.Thread(target=poll)] + [
+            threading.Thread(target=send, args=(body,)) for body in (numbers, numbers, objects, objects)]
+        for t in threads:
+            t.start()
+        time.sleep(12)
+        stop.set()
+        for t in threads:
+            t.join()
+        latencies.sort()
+        p99 = latencies[int(0.99 * len(latencies))]
+        assert len(latencies) > 50 and p99 < 0.5, (statistics.median(latencies), p99, latencies[-1])
+        assert len(codes) >= 8 and set(codes) <= {422, 503}, codes
+        assert max(peak_mb) - idle_mb < FLOOD_RSS_GROWTH_MB, (idle_mb, max(peak_mb))
+    finally:
+        proc.stop()

@@ -12,14 +12,7 @@ from sqlalchemy.orm import Session
 from service import store
 from service.api.deps import Client, Ctx
 from service.context import ServiceContext
-from service.intake import (
-    body_weight,
-    limiter_of,
-    read_body,
-    read_submission,
-    run_cancellable,
-    validate_graph,
-)
+from service.intake import body_weight, intake_child, limiter_of, read_body
 from service.metrics import LOOKUPS, SUBMISSIONS
 from service.models import JobRow
 from service.queue import QueueUnavailable
@@ -102,12 +95,13 @@ async def submit_graph(request: Request, ctx: Ctx, who: Client) -> JSONResponse:
     limit = ctx.settings.body_limit
     async with limiter_of(request).admit(body_weight(request, limit)):
         body = await read_body(request, limit)
-        sub, graph = await run_in_threadpool(read_submission, body)
-        # A graph with a schedule passed validation when it was first stored, and this one
-        # has its canonical text: answer without running its ops again (every rank of every
-        # job submits every graph at its start).
-        known = await run_in_threadpool(_known, ctx, sub, who.owner)
-        if known is None:
-            await run_cancellable(request, validate_graph, graph)
+        async with intake_child(request) as child:  # decoded and validated off this process
+            sub = await child.submission(body)
+            del body
+            # A graph with a schedule passed validation when it was first stored, and this
+            # one has its canonical text: answer without running its ops again (every rank
+            # of every job submits every graph at its start).
+            known = await run_in_threadpool(_known, ctx, sub, who.owner)
+            await child.finish(validate=known is None)
     status, answer = known or await run_in_threadpool(_record, ctx, sub, who.owner)
     return JSONResponse(answer, status_code=status)

@@ -11,8 +11,6 @@ checks a fetched plan against its own dynamo graph before using it.
 
 from __future__ import annotations
 
-import threading
-
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
@@ -22,7 +20,7 @@ from service.api.deps import Client, Ctx
 from service.api.routes.schedules import KEY_RE
 from service.context import ServiceContext
 from service.errors import ApiError
-from service.intake import body_weight, document_errors, limiter_of, read_body, run_cancellable
+from service.intake import body_weight, intake_child, limiter_of, read_body
 from service.metrics import PLAN_LOOKUPS, PLAN_STORES
 
 router = APIRouter(prefix="/v1", tags=["plans"])
@@ -52,18 +50,6 @@ _BODY_SCHEMA = {"required": True, "content": {"application/json": {"schema": _PL
 def _check_key(key: str) -> None:
     if not KEY_RE.match(key):
         raise ApiError(422, "invalid_key", "a plan key is 64 lowercase hex digits")
-
-
-def _parse(body: bytes, cancel: threading.Event) -> tuple[str, str, str]:
-    """A plan body's (key, kind, canonical text); ApiError 422 naming what is wrong."""
-    from compiler.wire.plan import PlanError, parse_plan, plan_text
-
-    with document_errors("plan"):
-        try:
-            plan = parse_plan(body, cancel=cancel)
-        except PlanError as exc:  # its message already says "plan: ..."
-            raise ApiError(422, "invalid_plan", str(exc)) from None
-    return plan.key, plan.kind, plan_text(plan)
 
 
 def _store(ctx: ServiceContext, key: str, tenant: str, kind: str, text: str) -> bool:
@@ -102,7 +88,9 @@ async def put_plan(key: str, request: Request, ctx: Ctx, who: Client) -> JSONRes
             # (every rank of a job that found none sends the same plan at once).
             PLAN_STORES.labels("known").inc()
             return JSONResponse({"key": key, "created": False}, status_code=200)
-        plan_key, kind, text = await run_cancellable(request, _parse, body)
+        async with intake_child(request) as child:  # checked as data, off this process
+            plan = await child.plan(body)
+        plan_key, kind, text = plan["key"], plan["kind"], plan["text"]
     if plan_key != key:
         raise ApiError(422, "key_mismatch", f"the plan's key {plan_key} is not the URL's {key}")
     created = await run_in_threadpool(_store, ctx, key, who.tenant, kind, text)

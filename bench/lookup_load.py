@@ -1,0 +1,259 @@
+"""Schedule lookups under load while builds run: `GET /v1/schedules/{key}` at a target rate
+over N keep-alive connections against a `kiln serve` whose CPU worker keeps building.
+
+    python -m bench.lookup_load [--rate 1000] [--connections 32] [--seconds 20]
+        [--keys 50] [--distributed --database-url postgresql://... --redis-url redis://...]
+        [--out bench/results/lookup_load_cpu.json]
+
+Starts the service (the embedded default: API, SQLite, in-process worker; `--distributed`:
+the API on PostgreSQL and Redis, `--workers` CPU worker processes), submits `--keys` small
+graphs and waits for their heuristic schedules, then starts a builder that submits a new
+graph (a chain of `--chain` ops, new shapes each time) whenever the last one is built, and
+drives lookups of the filled keys open loop: each connection sends on its own schedule of
+rate/connections per second, and a request's latency counts from when it was due, so a
+stalled service shows in the figures instead of slowing the sender. Writes req/s, latency
+percentiles (ms), dropped connections (reset, refused or no answer within 5 s), answers by
+status and the builds finished during the run as JSON, with the command and the machine.
+The per-token rate limit is off for the run (KILN_RATE_LIMIT_PER_S=0): a fleet's lookups
+come from many tokens, this generator is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+ANSWER_TIMEOUT_S = 5.0
+
+
+def _graph(rows: int, cols: int, chain: int) -> dict[str, Any]:
+    """A kiln.graph/1 document: `chain` pointwise ops on a rows x cols tensor."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import compiler
+
+    def fn(t: torch.Tensor) -> tuple[torch.Tensor]:
+        for i in range(chain):
+            t = torch.sin(t) * (1.0 + i / 1000) + t if i % 2 else torch.relu(t) - t * 0.5
+        return (t.sum(dim=-1),)
+
+    x = torch.ones(rows, cols)
+    return compiler.to_wire(make_fx(fn)(x), [x])
+
+
+def _start(args: argparse.Namespace, workdir: Path) -> tuple[list[subprocess.Popen], str]:
+    from tests.service.helpers import free_port, service_env, wait_for
+
+    port = free_port()
+    env = {"KILN_RATE_LIMIT_PER_S": "0", "KILN_KERNEL_DIR": str(workdir / "kernels")}
+    if args.distributed:
+        env.update(KILN_DATABASE_URL=args.database_url, KILN_REDIS_URL=args.redis_url,
+                   KILN_REDIS_PREFIX=f"kiln-load-{port}:")
+        subprocess.run([sys.executable, "-m", "kiln.cli", "db", "upgrade"], check=True,
+                       env=service_env(**env), cwd=REPO, stdout=subprocess.DEVNULL)
+    else:
+        env["KILN_DATABASE_URL"] = f"sqlite:///{workdir / 'kiln.db'}"
+    logs = open(workdir / "service.log", "wb")  # noqa: SIM115 - the processes' lifetime
+    procs = [subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", "--port", str(port)],
+                              env=service_env(**env), cwd=REPO, stdout=logs, stderr=logs)]
+    for _ in range(args.workers if args.distributed else 0):
+        procs.append(subprocess.Popen([sys.executable, "-m", "kiln.cli", "worker", "--device",
+                                       "cpu"], env=service_env(**env), cwd=REPO, stdout=logs,
+                                      stderr=logs))
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, 120, "the service did not start (see service.log)")
+    return procs, url
+
+
+def _submit(url: str, graph: dict[str, Any], target: dict[str, str]) -> str:
+    import httpx
+
+    answer = httpx.post(f"{url}/v1/graphs", json={"graph": graph, "target": target}, timeout=60)
+    answer.raise_for_status()
+    return answer.json()["key"]
+
+
+def _built(url: str, key: str) -> bool:
+    import httpx
+
+    return httpx.get(f"{url}/v1/schedules/{key}", timeout=10).status_code == 200
+
+
+def _fill(url: str, args: argparse.Namespace, target: dict[str, str]) -> list[str]:
+    from tests.service.helpers import wait_for
+
+    keys = [_submit(url, _graph(4, 8 + i, 2), target) for i in range(args.keys)]
+    wait_for(lambda: all(_built(url, k) for k in keys), args.fill_timeout,
+             "the filled graphs did not get their schedules in time")
+    return keys
+
+
+class Builder(threading.Thread):
+    """Keeps the service building: a new graph whenever the last one has its schedule."""
+
+    def __init__(self, url: str, chain: int, target: dict[str, str]) -> None:
+        super().__init__(name="builder", daemon=True)
+        self.url, self.chain, self.target = url, chain, target
+        self.stop = threading.Event()
+        self.finished: list[float] = []  # build seconds, submission to schedule
+
+    def run(self) -> None:
+        shape = 0
+        while not self.stop.is_set():
+            shape += 1
+            start = time.monotonic()
+            key = _submit(self.url, _graph(16, 1000 + shape, self.chain), self.target)
+            while not self.stop.is_set() and not _built(self.url, key):
+                time.sleep(0.2)
+            if not self.stop.is_set():
+                self.finished.append(time.monotonic() - start)
+
+
+async def _connection(host: str, port: int, keys: list[str], period: float, until: float,
+                      offset: float, out: dict[str, Any]) -> None:
+    """One keep-alive connection sending a lookup every `period` s (open loop)."""
+    reader = writer = None
+    due = time.monotonic() + offset
+    i = 0
+    while due < until:
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        key = keys[i % len(keys)]
+        i += 1
+        try:
+            if writer is None:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                        ANSWER_TIMEOUT_S)
+            writer.write(f"GET /v1/schedules/{key} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            status = await asyncio.wait_for(_answer(reader), ANSWER_TIMEOUT_S)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            out["dropped"] += 1
+            out["drop_kinds"][type(exc).__name__] = out["drop_kinds"].get(type(exc).__name__, 0) + 1
+            if writer is not None:
+                writer.close()
+            reader = writer = None
+        else:
+            out["latencies"].append(time.monotonic() - due)
+            out["statuses"][status] = out["statuses"].get(status, 0) + 1
+        due += period
+
+
+async def _answer(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    length = next((int(v) for k, _, v in (line.partition(":") for line in lines[1:])
+                   if k.strip().lower() == "content-length"), 0)
+    await reader.readexactly(length)
+    return status
+
+
+async def _drive(url: str, keys: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    host, port = url.removeprefix("http://").split(":")
+    out: dict[str, Any] = {"latencies": [], "statuses": {}, "dropped": 0, "drop_kinds": {}}
+    period = args.connections / args.rate
+    start = time.monotonic()
+    until = start + args.seconds
+    await asyncio.gather(*(_connection(host, int(port), keys, period, until,
+                                       period * c / args.connections, out)
+                           for c in range(args.connections)))
+    out["wall_s"] = time.monotonic() - start
+    return out
+
+
+def _summary(out: dict[str, Any], builder: Builder, args: argparse.Namespace) -> dict[str, Any]:
+    lat = sorted(out["latencies"])
+
+    def pct(p: float) -> float | None:
+        return round(1000 * lat[min(len(lat) - 1, int(p * len(lat)))], 2) if lat else None
+
+    return {
+        "answered": len(lat), "req_per_s": round(len(lat) / out["wall_s"], 1),
+        "target_req_per_s": args.rate, "connections": args.connections,
+        "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
+        "max_ms": round(1000 * lat[-1], 2) if lat else None,
+        "mean_ms": round(1000 * statistics.fmean(lat), 2) if lat else None,
+        "dropped_connections": out["dropped"], "drop_kinds": out["drop_kinds"],
+        "statuses": {str(k): v for k, v in sorted(out["statuses"].items())},
+        "builds_finished_during_run": len(builder.finished),
+        "build_seconds": [round(s, 2) for s in builder.finished],
+        "goal": {"req_per_s": 1000, "p99_ms": 50, "dropped": 0},
+        "goal_met": bool(lat) and len(lat) / out["wall_s"] >= 1000 and pct(0.99) < 50
+                    and out["dropped"] == 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.lookup_load",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--rate", type=float, default=1000.0, help="lookups per second, all told")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--keys", type=int, default=50, help="schedules filled first")
+    parser.add_argument("--chain", type=int, default=60, help="ops in each graph built meanwhile")
+    parser.add_argument("--fill-timeout", type=float, default=600.0)
+    parser.add_argument("--distributed", action="store_true")
+    parser.add_argument("--database-url", default="postgresql://127.0.0.1:5432/test")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--workers", type=int, default=2, help="CPU workers (--distributed)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results/lookup_load_cpu.json")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import compiler
+
+    target = compiler.Target.detect("cpu").to_json()
+    with tempfile.TemporaryDirectory(prefix="kiln-load-") as tmp:
+        procs, url = _start(args, Path(tmp))
+        try:
+            keys = _fill(url, args, target)
+            builder = Builder(url, args.chain, target)
+            builder.start()
+            time.sleep(2)  # the first build is under way
+            out = asyncio.run(_drive(url, keys, args))
+            builder.stop.set()
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(30)
+    result = {
+        "command": "python -m bench.lookup_load " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                 capture_output=True, text=True).stdout.strip(),
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version()},
+        "mode": "distributed" if args.distributed else "embedded",
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **_summary(out, builder, args),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
