@@ -185,7 +185,6 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     record.update(samples)
     if path.startswith("kiln"):
         import kiln
-
         from bench.plan_host_path import graph_states
 
         record["stats"] = kiln.stats()
