@@ -51,7 +51,8 @@ step, dynamo's phase timers of the first step (`dynamo_compile_times`; with
 `BENCH_PROFILE_FIRST_STEP=1`, e.g. as a `--hit-variants` entry, a cProfile of it too:
 `first_step_profile`; with `BENCH_PY_SPY=<py-spy binary>`, py-spy's samples of every thread
 while it holds the GIL, `gil_samples`, bench/gil_samples.py), the modules first imported
-during it (`first_step_imports`), and the error of the output (inference) or loss and gradients (training) against
+during it (`first_step_imports`), each kiln graph's CUDA graph state after the timed steps
+(`cuda_graphs`: replays, captures made again, given up, inputs copied in), and the error of the output (inference) or loss and gradients (training) against
 eager in the same process. Results: `{"command", "device", "torch", "cases": [...]}`, one
 case per (model, step) with the fields the training-speed and compile-time issues name
 (`eager_wall_ms`, `inductor_wall_ms`, `kiln_heuristic_wall_ms`, `kiln_tuned_wall_ms`,
