@@ -30,6 +30,10 @@ as on the H200 machine). Paths:
   minutes, its step time heuristic). `--hit-variants` measures that hit again in fresh processes
   with other settings (`kiln_hit_variants`: what the first step costs with or without a
   feature).
+- `kiln_tuned_noplan` (whenever `kiln_tuned` runs): the same service hit with `KILN_PLANS=0`,
+  in a fresh process of its own: the graphs through AOTAutograd instead of their plan, the
+  same schedules and kernels (`kiln_tuned_noplan_wall_ms`; `kiln_tuned_vs_noplan` > 1: the
+  planned step is the faster).
 - `kiln_warm` (on request, with `kiln_tuned`): the hit again in a fresh process on the local
   caches the `kiln_tuned` run filled (schedules, plans, kernel sources, Triton's cache), the
   service still up: a restart on the same node, kiln's counterpart of `inductor_warm`
@@ -49,7 +53,8 @@ step, dynamo's phase timers of the first step (`dynamo_compile_times`; with
 `BENCH_PROFILE_FIRST_STEP=1`, e.g. as a `--hit-variants` entry, a cProfile of it too:
 `first_step_profile`; with `BENCH_PY_SPY=<py-spy binary>`, py-spy's samples of every thread
 while it holds the GIL, `gil_samples`, bench/gil_samples.py), the modules first imported
-during it (`first_step_imports`), and the error of the output (inference) or loss and gradients (training) against
+during it (`first_step_imports`), each kiln graph's CUDA graph state after the timed steps
+(`cuda_graphs`: replays, captures made again, given up, inputs copied in), and the error of the output (inference) or loss and gradients (training) against
 eager in the same process. Results: `{"command", "device", "torch", "cases": [...]}`, one
 case per (model, step) with the fields the training-speed and compile-time issues name
 (`eager_wall_ms`, `inductor_wall_ms`, `kiln_heuristic_wall_ms`, `kiln_tuned_wall_ms`,
@@ -89,6 +94,8 @@ FIRST_KEY = {"eager": "eager_first_s", "inductor": "inductor_first_s",
              "inductor_ma": "inductor_ma_first_s",
              "kiln_heuristic": "kiln_first_s", "kiln_tuned": "kiln_hit_first_s",
              "kiln_warm": "kiln_warm_first_s"}
+NOPLAN = "kiln_tuned_noplan"  # the service hit without plans, measured beside kiln_tuned
+FIRST_KEY[NOPLAN] = "kiln_hit_noplan_first_s"
 
 
 def _binaries(cache: Path) -> int:
@@ -183,8 +190,10 @@ def run_path(model: str, step: str, path: str, device_name: str, small: bool,
     record.update(samples)
     if path.startswith("kiln"):
         import kiln
+        from bench.plan_host_path import graph_states
 
         record["stats"] = kiln.stats()
+        record["cuda_graphs"] = graph_states()  # each graph's replays after the timed steps
         # kiln's compile steps per thread, the first step's start on the same clock
         record["kiln_timeline"] = {"first_step_start": round(started, 4), "steps": kiln.timeline()}
     return record
@@ -276,6 +285,16 @@ def _measure_paired(args: argparse.Namespace, workdir: Path, model: str, step: s
     return records["inductor_warm"], records["kiln_tuned"], summary
 
 
+def _measure_noplan(args: argparse.Namespace, workdir: Path, model: str, step: str,
+                    hit_env: dict[str, str]) -> dict[str, Any]:
+    """The service hit (`hit_env`) again in a fresh process on empty local caches with
+    `KILN_PLANS=0`: the same schedules and kernels reached through AOTAutograd, the
+    baseline a planned step's time is held to (issue 34)."""
+    record = _measure(args, workdir, model, step, NOPLAN, {**hit_env, "KILN_PLANS": "0"})
+    _progress(model, step, NOPLAN, record)
+    return record
+
+
 def _progress(model: str, step: str, path: str, record: dict[str, Any]) -> None:
     """One measured path, printed as soon as it is known: a run cut short by a time limit
     still shows what it measured."""
@@ -293,6 +312,9 @@ def _case_record(model: str, step: str, paths: dict[str, dict[str, Any]]) -> dic
         record[FIRST_KEY[path]] = r.get("first_s")
     if "kiln_tuned" in paths:
         record["kiln_hit_kernels_compiled"] = paths["kiln_tuned"].get("kernels_compiled")
+    ratio = _speedup(record.get(f"{NOPLAN}_wall_ms"), record.get("kiln_tuned_wall_ms"))
+    if ratio is not None:
+        record["kiln_tuned_vs_noplan"] = ratio
     for kiln_path in ("kiln_heuristic", "kiln_tuned"):
         for base in ("eager", "inductor", "inductor_ro", "inductor_ma"):
             ratio = _speedup(record.get(f"{base}_wall_ms"), record.get(f"{kiln_path}_wall_ms"))
@@ -418,6 +440,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     found["kiln_tuned"] = _measure_first(args, workdir, model, step,
                                                          "kiln_tuned", extra)
                 _progress(model, step, "kiln_tuned", found["kiln_tuned"])
+                found[NOPLAN] = _measure_noplan(args, workdir, model, step, extra)
                 if "kiln_warm" in args.paths:  # the same node again: its caches now filled
                     results[(model, step)]["kiln_warm"] = _measure_first(
                         args, workdir, model, step, "kiln_warm", extra)
@@ -534,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "models_h200.json")
     one = sub.add_parser("step", help="(internal) measure one path of one case")
     add_case_arguments(one)
-    one.add_argument("--path", required=True, choices=PATHS + EXTRA_PATHS)
+    one.add_argument("--path", required=True, choices=PATHS + EXTRA_PATHS + (NOPLAN,))
     args = parser.parse_args(argv)
     if args.command == "step":
         record = run_path(args.model, args.step, args.path, args.device, args.small, args.iters)

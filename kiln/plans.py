@@ -315,7 +315,14 @@ def check_against(plan: Plan, gm: torch.fx.GraphModule, example_inputs: Sequence
 
 
 class PlanRunner:
-    """The callable dynamo gets for a planned graph (called with the graph's inputs)."""
+    """The callable dynamo gets for a planned graph (called with the graph's inputs).
+
+    Per call it does what AOTAutograd's runtime does around the same compiled graphs and
+    nothing more, so that a planned step reaches the graphs' launchers and CUDA graph
+    replay (`Built.call_boxed`) exactly as an unplanned one does: the forward's outputs
+    split at offsets fixed here, the backward's graph looked up once, its saved values
+    handed over as AOTAutograd hands them (freed as the backward reads them), and no
+    gradient made up for outputs that take none."""
 
     def __init__(self, plan: Plan, forward: CompiledGraph,
                  backward: Callable[[], CompiledGraph] | None) -> None:
@@ -326,26 +333,42 @@ class PlanRunner:
         # How the backward's graph takes each gradient: shape, strides, dtype.
         self.tangent_layouts = [] if plan.backward is None else [
             (spec.shape, spec.stride, spec.dtype) for spec in plan.backward.inputs[plan.saved:]]
+        # The forward's outputs: mutated inputs' new values, the user outputs, saved values.
+        self._user_from = len(self.mutated)
+        self._saved_from = self._user_from + len(self.requires_grad)
+        self.non_differentiable = tuple(i for i, rg in enumerate(self.requires_grad) if not rg)
         self.forward = forward
         self.backward = backward
+        self._backward_graph: CompiledGraph | None = None
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         if self.backward is None:
             return self.run_forward(list(args))[0]
         return _PlanFunction.apply(self, *args)
 
-    def run_forward(self, args: list[Any]) -> tuple[tuple[Any, ...], list[Any]]:
-        """The user outputs and the values saved for the backward; mutated inputs updated."""
-        inputs = list(args)
+    def run_forward(self, args: list[Any]) -> tuple[tuple[Any, ...], Sequence[Any]]:
+        """The user outputs and the values saved for the backward; mutated inputs updated.
+        `args` is the forward's boxed list (the graph clears it)."""
+        inputs = list(args) if self.mutated else args
         outs = self.forward(args)
-        first, user = len(self.mutated), len(self.requires_grad)
-        with torch.no_grad():
-            for i, value in zip(self.mutated, outs[:first], strict=True):
-                inputs[i].copy_(value)
-        returned = list(outs[first:first + user])
+        if self.mutated:
+            with torch.no_grad():
+                for i, value in zip(self.mutated, outs[:self._user_from], strict=True):
+                    inputs[i].copy_(value)
+        if not self.unsafe_views:
+            return tuple(outs[self._user_from:self._saved_from]), outs[self._saved_from:]
+        returned = list(outs[self._user_from:self._saved_from])
         for i in self.unsafe_views:  # a view of a computed value, handed out on its own
             returned[i] = torch.ops.aten._unsafe_view(returned[i], returned[i].shape)
-        return tuple(returned), list(outs[first + user:])
+        return tuple(returned), outs[self._saved_from:]
+
+    def backward_graph(self) -> CompiledGraph:
+        """The backward's compiled graph: waited for (its build) on the first call only."""
+        graph = self._backward_graph
+        if graph is None:
+            assert self.backward is not None
+            graph = self._backward_graph = self.backward()
+        return graph
 
     def gradients(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The output gradients the backward takes, laid out as its graph was traced."""
@@ -372,13 +395,20 @@ class _PlanFunction(torch.autograd.Function):
         user, saved = runner.run_forward(list(args))
         ctx.runner = runner
         ctx.save_for_backward(*saved)
-        ctx.mark_non_differentiable(*(o for o, rg in zip(user, runner.requires_grad, strict=True)
-                                      if not rg and isinstance(o, torch.Tensor)))
+        if runner.non_differentiable:
+            ctx.mark_non_differentiable(*(user[i] for i in runner.non_differentiable
+                                          if isinstance(user[i], torch.Tensor)))
+            # As AOTAutograd's runtime: these outputs' gradients reach the backward as None
+            # (which it does not read), not as zeros made for them on every call.
+            ctx._materialize_non_diff_grads = False
         return user
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         runner: PlanRunner = ctx.runner
-        assert runner.backward is not None
-        backward = runner.backward()
-        return (None, *backward([*ctx.saved_tensors, *runner.gradients(grads)]))
+        graph = runner.backward_graph()
+        args = [*ctx.saved_tensors, *runner.gradients(grads)]
+        # As AOTAutograd's runtime: the saved values are the list's alone from here, so the
+        # backward's boxed call frees each at its last use.
+        ctx.maybe_clear_saved_tensors()
+        return (None, *graph(args))

@@ -29,6 +29,9 @@ def test_the_model_suite_measures_eager_and_kiln(tmp_path: Path) -> None:
     assert kiln["stats"]["builds"] == 2 and kiln["stats"]["eager"] == 0  # forward and backward
     assert kiln["error_vs_eager"] < 0.02 and kiln["max_grad_error_vs_eager"] < 0.05
     assert kiln["host_ms"] > 0 and kiln["gpu_ms"] is None  # no GPU here
+    # each graph's CUDA graph runner (none on the CPU)
+    assert sorted((g["kind"], g["cuda_graph"]) for g in kiln["cuda_graphs"]) == [
+        ("backward", None), ("forward", None)]
     # where the first step went: dynamo's phases, kiln's steps per thread on kiln's clock
     assert "create_aot_dispatcher_function" in kiln["dynamo_compile_times"]
     assert all(isinstance(name, str) for name in kiln["first_step_imports"])
@@ -203,3 +206,36 @@ def test_paired_first_steps_alternate_inductor_warm_and_the_hit(monkeypatch, tmp
     # The failed hit's pair is left out; the others: kiln minus Inductor, and their median.
     assert pairs == {"inductor_warm_s": [2.0, 3.0], "kiln_hit_s": [2.5, 2.0],
                      "kiln_minus_inductor_warm_s": [0.5, -1.0], "median_difference_s": -0.25}
+
+
+def test_the_service_hit_is_measured_again_without_plans(monkeypatch, tmp_path: Path) -> None:
+    """kiln_tuned_noplan: the hit's environment with KILN_PLANS=0, in a fresh process on
+    empty caches of its own; the case names its step time beside the planned hit's."""
+    import argparse
+
+    from bench import model_suite
+
+    envs = {}
+
+    def run(cmd, env, **kwargs):
+        path = cmd[cmd.index("--path") + 1]
+        envs[path] = env
+        record = {"path": path, "wall_ms": 2.0 if path == model_suite.NOPLAN else 2.5}
+        return subprocess.CompletedProcess(cmd, 0, stdout=model_suite.RESULT_MARK + json.dumps(record))
+
+    monkeypatch.setattr(model_suite.subprocess, "run", run)
+    args = argparse.Namespace(device="cpu", iters=1, small=True, timeout=1.0)
+    hit_env = {"KILN_URL": "http://127.0.0.1:1", "KILN_MODE": "wait"}
+    tuned = model_suite._measure(args, tmp_path, "gpt2", "train", "kiln_tuned", hit_env)
+    noplan = model_suite._measure_noplan(args, tmp_path, "gpt2", "train", hit_env)
+    assert envs["kiln_tuned_noplan"]["KILN_PLANS"] == "0"
+    assert "KILN_PLANS" not in envs["kiln_tuned"]
+    assert envs["kiln_tuned_noplan"]["KILN_URL"] == hit_env["KILN_URL"]
+    for var in ("KILN_CACHE_DIR", "TRITON_CACHE_DIR", "KILN_KERNEL_DIR"):
+        assert envs["kiln_tuned_noplan"][var] != envs["kiln_tuned"][var]
+    record = model_suite._case_record("gpt2", "train", {"kiln_tuned": tuned,
+                                                        "kiln_tuned_noplan": noplan})
+    assert record["kiln_tuned_noplan_wall_ms"] == 2.0 and record["kiln_tuned_wall_ms"] == 2.5
+    assert record["kiln_tuned_vs_noplan"] == 0.8  # the planned step is the slower here
+    assert "kiln_hit_noplan_first_s" in record
+
