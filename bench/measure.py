@@ -53,14 +53,15 @@ def host_ms(step: Callable[[], Any], sync: Callable[[], None], n: int) -> float:
 
 
 # Kernel names of layout conversions (cuDNN's and cuBLAS's transposes around a call).
-LAYOUT_CONVERSIONS = ("nchwToNhwc", "nhwcToNchw", "nchwtonhwc", "nhwctonchw")
+LAYOUT_CONVERSIONS = ("nchwToNhwc", "nhwcToNchw")
 
 
 def device_profile(step: Callable[[], Any], sync: Callable[[], None], n: int) -> dict[str, Any]:
-    """What one step runs on the device (profiler, `n` steps): GPU ms, kernels,
-    device-to-device copies and layout-conversion kernels per step; {} without a GPU."""
+    """What one step runs on the device (profiler, `n` steps): GPU ms, and per step the
+    kernels, device-to-device copies and layout-conversion kernels (`gpu_ms` None and no
+    counts without a GPU)."""
     if not torch.cuda.is_available():
-        return {}
+        return {"gpu_ms": None}
     from torch.profiler import ProfilerActivity, profile
 
     sync()
@@ -68,16 +69,21 @@ def device_profile(step: Callable[[], Any], sync: Callable[[], None], n: int) ->
         for _ in range(n):
             step()
         sync()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total_us = sum(e.self_device_time_total for e in prof.key_averages())
-    memcpy = [e for e in events if "memcpy" in e.name.lower() and "dtod" in e.name.lower()]
-    copies = [e for e in events if "copy" in e.name.lower() and "memcpy" not in e.name.lower()]
-    layout = [e for e in events if any(c in e.name for c in LAYOUT_CONVERSIONS)]
-    kernels = [e for e in events if "memcpy" not in e.name.lower()
-               and "memset" not in e.name.lower()]
-    return {"gpu_ms": total_us / 1000 / n, "kernels_per_step": len(kernels) / n,
-            "memcpy_dtod_per_step": len(memcpy) / n, "copy_kernels_per_step": len(copies) / n,
-            "layout_conversions_per_step": len(layout) / n}
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"gpu_ms": total_us / 1000 / n, **device_counts(names, n)}
+
+
+def device_counts(names: list[str], n: int) -> dict[str, float]:
+    """Per step, of the device activities named `names` over `n` steps: kernels (memcpys and
+    memsets apart), device-to-device memcpys, copy kernels and layout conversions."""
+    lower = [name.lower() for name in names]
+    memcpy = sum("memcpy" in name and "dtod" in name for name in lower)
+    copies = sum("copy" in name and "memcpy" not in name for name in lower)
+    layout = sum(any(c in name for c in LAYOUT_CONVERSIONS) for name in names)
+    kernels = sum("memcpy" not in name and "memset" not in name for name in lower)
+    return {"kernels_per_step": kernels / n, "memcpy_dtod_per_step": memcpy / n,
+            "copy_kernels_per_step": copies / n, "layout_conversions_per_step": layout / n}
 
 
 def rel_error(got: Any, want: Any) -> float:

@@ -25,3 +25,15 @@ def test_a_model_whose_package_is_missing_is_named_before_any_process_starts(
         assert stop.value.code == 2
         assert "kiln_no_such_package" in capsys.readouterr().err
     assert not started
+
+
+def test_device_counts_sort_a_steps_activities() -> None:
+    """What the model suite counts per step from the profiler's device activities."""
+    from bench.measure import device_counts
+
+    names = ["Memcpy DtoD (Device -> Device)", "Memset (Device)", "fused_add_0",
+             "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>(...)",
+             "void at::native::unrolled_elementwise_kernel<copy_kernel>", "Memcpy HtoD"] * 2
+    assert device_counts(names, 2) == {"kernels_per_step": 3.0, "memcpy_dtod_per_step": 1.0,
+                                       "copy_kernels_per_step": 1.0,
+                                       "layout_conversions_per_step": 1.0}
