@@ -10,6 +10,7 @@ cause, never to an exception in the training job.
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import functools
 import logging
@@ -584,7 +585,28 @@ class _Partition:
 
         forward, backward = default_partition(joint, *args, **kwargs)
         self.backward = backward if isinstance(backward, torch.fx.GraphModule) else None
+        if self.backward is not None and isinstance(kwargs.get("num_fwd_outputs"), int):
+            forward, backward = _one_layout(forward, backward, kwargs["num_fwd_outputs"])
+            self.backward = backward
         return forward, backward
+
+
+def _one_layout(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule,
+                num_user_outputs: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """The pair channels-last end to end where it has convolutions
+    (`compiler.lowering.training_layout`), else as partitioned; rewritten on copies, so a
+    failure leaves what AOTAutograd made."""
+    from compiler.lowering.training_layout import channels_last_training
+
+    if not any(n.target is torch.ops.aten.convolution.default for n in forward.graph.nodes):
+        return forward, backward
+    fwd, bwd = copy.deepcopy(forward), copy.deepcopy(backward)
+    try:
+        changed = channels_last_training(fwd, bwd, num_user_outputs)
+    except Exception as exc:  # noqa: BLE001 - the graphs as traced still run
+        log.debug("kiln: a training step's layout left as traced: %s", exc)
+        return forward, backward
+    return (fwd, bwd) if changed else (forward, backward)
 
 
 class _Ahead:

@@ -9,10 +9,13 @@ which metadata propagation follows); pointwise kernels iterate over such values 
 memory order (`compiler.ir.storage_order`), so their loads and stores stay coalesced.
 
 A graph output whose layout this changes gets a copy back to its row-major layout, since
-the caller (AOTAutograd) expects the strides it traced. Under `auto` the pass applies only
-when those copies are small next to the convolutions' inputs: an inference graph that ends
-in pooling and a linear layer copies nothing back, while a training forward returns its
-activations for the backward and would copy most of them, so it keeps NCHW.
+the caller (AOTAutograd) expects the strides it traced, unless the caller says it takes
+any layout there: a training forward's activations saved for its backward, when the
+backward's inputs are restrided to match (`compiler.lowering.training_layout`, applied by
+the client to the partitioned pair, so that forward and backward run channels-last end to
+end). Under `auto` the pass applies only when the copies back are small next to the
+convolutions' inputs: an inference graph that ends in pooling and a linear layer copies
+nothing back, and neither does a training forward whose saved activations are free.
 
 `KILN_CHANNELS_LAST`: `auto` (default: the rule above, for graphs whose 2-D convolutions
 are ungrouped and not transposed), `on` (whatever the copies back cost), `off`. It changes
@@ -66,9 +69,13 @@ def _eligible(conv: fx.Node) -> bool:
     return isinstance(x, TensorMeta) and len(x.shape) == 4 and not transposed and groups == 1
 
 
-def _outputs(gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]]:
+def _outputs(gm: fx.GraphModule, free: frozenset[int] = frozenset()) -> tuple[fx.Node, list[fx.Node]]:
+    """The output node, and the outputs whose layout the caller holds to (those at no index
+    of `free`, or also at one outside it)."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    return out, [a for a in tree_flatten(out.args)[0] if isinstance(a, fx.Node)]
+    leaves = tree_flatten(out.args)[0]
+    held = [a for i, a in enumerate(leaves) if isinstance(a, fx.Node) and i not in free]
+    return out, held
 
 
 class _Copies:
@@ -105,14 +112,18 @@ class _Copies:
 
 
 def channels_last_convolutions(gm: fx.GraphModule, propagate: Callable[[], None],
-                               origins: dict[str, str], original_ops: dict[str, str]) -> bool:
+                               origins: dict[str, str], original_ops: dict[str, str],
+                               free_outputs: frozenset[int] = frozenset()) -> bool:
     """Run `gm`'s convolutions channels-last where the policy says so (see the module
-    docstring); `propagate` reruns metadata propagation. True when the graph changed."""
+    docstring); `propagate` reruns metadata propagation. True when the graph changed.
+    `free_outputs` (indices into the flattened outputs) may come out in any dense layout:
+    they get no copy back (a training forward's activations saved for its backward, whose
+    inputs are restrided to match: `compiler.lowering.training_layout`)."""
     mode = policy()
     convs = _convolutions(gm)
     if mode == "off" or not convs or not all(_eligible(c) for c in convs):
         return False
-    out_node, outputs = _outputs(gm)
+    out_node, outputs = _outputs(gm, free_outputs)
     conv_elements = sum(c.args[0].meta["kiln_meta"].numel for c in convs)
     if mode == "auto" and _copies_back_bound(convs, outputs) > RESTORE_SHARE * conv_elements:
         return False  # a training forward: decided without rewriting it and back

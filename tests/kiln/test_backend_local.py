@@ -560,3 +560,55 @@ def test_a_channels_last_conv_model_trains_like_eager(kiln_warnings):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
     assert kiln.stats()["builds"] == 2 and kiln.stats()["eager"] == 0
     assert not causes(kiln_warnings)
+
+
+def test_a_convnet_trains_channels_last_end_to_end(kiln_warnings, monkeypatch):
+    """A row-major convnet's training step: the forward runs its convolutions channels-last
+    and keeps its saved activations so, the backward's inputs are restrided to match
+    (resnet18 on an H200 ran 166 layout conversions a step before), and the gradients are
+    eager's."""
+    from compiler.lowering import training_layout
+
+    kiln.configure(url=None)
+    rewrites: list[bool] = []
+    real = training_layout.channels_last_training
+
+    def spy(forward, backward, num_user_outputs):
+        changed = real(forward, backward, num_user_outputs)
+        rewrites.append(changed)
+        saved = [p.meta["val"] for p in backward.graph.find_nodes(op="placeholder")]
+        rewrites.append(any(v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last)
+                            and not v.is_contiguous() for v in saved))
+        return changed
+
+    monkeypatch.setattr(training_layout, "channels_last_training", spy)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+            self.conv2, self.bn2 = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+            self.skip = torch.nn.Conv2d(4, 8, 1)
+            self.fc = torch.nn.Linear(8, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.bn1(self.conv1(x)))
+            h = torch.relu(self.bn2(self.conv2(h)) + self.skip(x))
+            return self.fc(torch.nn.functional.adaptive_avg_pool2d(h, 1).flatten(1))
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return Block()
+
+    x = torch.randn(2, 4, 6, 5)
+    ref, model = make(), make()
+    want = ref(x)
+    want.float().sin().mean().backward()
+    got = torch.compile(model, backend="kiln")(x)
+    got.float().sin().mean().backward()
+    assert rewrites == [True, True]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert kiln.stats()["builds"] == 2 and kiln.stats()["eager"] == 0
+    assert not causes(kiln_warnings)
