@@ -14,6 +14,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from compiler.runtime.extern_layout import laid_out, layouts, returns_fresh
 from compiler.runtime.interpreter_fixes import patch_interpreter_bf16_dot
 
 
@@ -180,10 +181,12 @@ class Call:
         self.tree = slot_tree((node.args, dict(node.kwargs)), slots)  # for generated launchers
         self.meta = node.meta.get("kiln_meta")  # the result's dtype and layout, when a tensor
         self.slot = slots[node]
+        # the layout kernels read the result in, enforced on what the library returns
+        self.layout = layouts(self.meta) if returns_fresh(self.target) else None
 
     def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
         args, kwargs = self.args.bind(env)
-        env[self.slot] = self.target(*args, **kwargs)
+        env[self.slot] = laid_out(self.target(*args, **kwargs), self.layout)
 
 
 def slot_tree(tree: Any, slots: dict[fx.Node, int]) -> Any:
@@ -207,8 +210,8 @@ class AtenMatmul:
 
     def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
         args, kwargs = self.call.args.bind(env)
-        target = self.call.target
-        env[self.call.slot] = target(*args, **kwargs)
+        target, layout = self.call.target, self.call.layout
+        env[self.call.slot] = laid_out(target(*args, **kwargs), layout)
         epilogue = self.epilogue.run(env, device, None) if self.epilogue is not None else _nothing
         if record is not None:
             def launch() -> None:  # the ATen call's result is dropped: the epilogue's input stays

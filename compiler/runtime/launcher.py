@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from compiler.runtime.execution import AtenMatmul, Call, Launch, Slot, _poison, is_interpreted
+from compiler.runtime.extern_layout import laid_out
 from compiler.runtime.static_launch import hook_set
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,10 @@ def _call_source(step: Call, ns: _Namespace) -> str:
             parts.append(f"{key}={_render(value, ns)}")  # a name of torch's op schema
         else:
             parts.append(f"**{{{ns.literal(key)}: {_render(value, ns)}}}")
-    return f"{_var(step.slot)} = {name}({', '.join(parts)})  # {_comment(target)}"
+    line = f"{_var(step.slot)} = {name}({', '.join(parts)})  # {_comment(target)}"
+    if step.layout is not None:  # the library may lay it out otherwise (extern_layout.py)
+        line += f"\n    {_var(step.slot)} = laid_out({_var(step.slot)}, {ns.bind('layout', step.layout)})"
+    return line
 
 
 class Plan:
@@ -298,7 +302,7 @@ def generate(plan: Plan, device: torch.device, mode: str,
         raise ValueError(f"unknown launcher mode {mode!r}")
     ns = _Namespace()
     ns.values.update(empty_strided=torch.empty_strided, poison=_poison, dev=device,
-                     reinterpret=_reinterpret())
+                     reinterpret=_reinterpret(), laid_out=laid_out)
     lines = ["def run(inputs, boxed):"]
     emit = lines.append
     lines.extend(_input_lines(plan, ns))
