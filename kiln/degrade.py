@@ -129,10 +129,14 @@ def _warn_at_user_code(message: str) -> None:
     if frame is None:
         warnings.warn_explicit(message, KilnWarning, "kiln", 0, module="kiln")
         return
-    warnings.warn_explicit(message, KilnWarning, frame.f_code.co_filename, frame.f_lineno,
-                           module=frame.f_globals.get("__name__", "__main__"),
-                           registry=frame.f_globals.setdefault("__warningregistry__", {}),
-                           module_globals=frame.f_globals)
+    where = (frame.f_code.co_filename, frame.f_lineno)
+    module = frame.f_globals.get("__name__", "__main__")
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    try:
+        warnings.warn_explicit(message, KilnWarning, *where, module=module, registry=registry,
+                               module_globals=frame.f_globals)
+    except ImportError:  # code with no source to show (a script read from stdin)
+        warnings.warn_explicit(message, KilnWarning, *where, module=module, registry=registry)
 
 
 def count(name: str, n: int = 1) -> None:

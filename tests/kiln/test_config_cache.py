@@ -223,3 +223,19 @@ def test_one_warning_per_cause_and_every_occurrence_counted():
     assert "cannot be reached" in messages[0] and "http://x" in messages[0]
     stats = kiln.stats()
     assert stats["fallback:unreachable"] == 5 and stats["fallback:timeout"] == 1
+
+
+def test_a_warning_from_a_script_read_from_stdin_is_given_not_raised(tmp_path):
+    """User code with no source (`python - < script.py`): `warnings` cannot load its lines
+    (ImportError: '__main__' is not a built-in module), and the warning still shows."""
+    import subprocess
+    import sys
+
+    script = ("import warnings\nwarnings.simplefilter('always')\n"
+              "from kiln import degrade\n"
+              "degrade.warn_once('unreachable', url='http://x')\nprint('done')\n")
+    run = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "done" in run.stdout and "cannot be reached" in run.stderr
+    assert "ImportError" not in run.stderr
