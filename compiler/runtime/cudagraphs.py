@@ -104,13 +104,18 @@ def _copy_out(values: list[Any]) -> list[Any]:
 class _Out:
     """Where one tensor output lives: over base `base` (a tensor over its storage), or,
     `base` -1, over input `input` (read in place: a view of the call's own input); its
-    size, strides and storage offset."""
+    size, strides and storage offset, and whether they are its base's own (`whole`: a
+    replay hands out `detach()`, a few times cheaper than `as_strided`)."""
 
-    __slots__ = ("base", "input", "offset", "size", "stride")
+    __slots__ = ("base", "input", "offset", "size", "stride", "whole")
 
-    def __init__(self, base: int, t: torch.Tensor, input: int = -1) -> None:
+    def __init__(self, base: int, t: torch.Tensor, input: int = -1,
+                 of: torch.Tensor | None = None) -> None:
         self.base, self.input, self.size, self.stride = base, input, tuple(t.shape), t.stride()
         self.offset = t.storage_offset()
+        self.whole = of is not None and (
+            self.size == tuple(of.shape) and self.stride == of.stride()
+            and self.offset == of.storage_offset() and t.dtype == of.dtype)
 
 
 class GraphRunner:
@@ -274,7 +279,7 @@ class GraphRunner:
                 self.bases.append(value)
             if storage in staged_storages or len(self.layout) in self.copy_outputs:
                 self.copied.add(index[key])  # (a staged input: the next copy overwrites it)
-            self.layout.append(_Out(index[key], value))
+            self.layout.append(_Out(index[key], value, of=self.bases[index[key]]))
 
     def _outputs(self, inputs: Sequence[Any]) -> Any:
         views: list[Any] = []
@@ -283,6 +288,8 @@ class GraphRunner:
                 views.append(out)
             elif out.base < 0:
                 views.append(inputs[out.input].as_strided(out.size, out.stride, out.offset))
+            elif out.whole:
+                views.append(self.bases[out.base].detach())
             else:
                 views.append(self.bases[out.base].as_strided(out.size, out.stride, out.offset))
         copy = self.copy_at
