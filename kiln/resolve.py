@@ -138,6 +138,7 @@ class Resolver:
         (`kiln.binaries`); should one not load, the graph's kernels are compiled here."""
         with degrade.timed("build"):
             built = compiler.build(entry.graph, schedule)
+        degrade.count("kernels", len(built.kernels))
         with degrade.timed("precompile"):
             source = self.binaries()
             with compile_pool.binary_source(source) as placed:
@@ -214,7 +215,8 @@ class Resolver:
         def exchange() -> None:
             try:
                 if self.config.mode == "wait":
-                    done.append(self._wait(entry))
+                    with degrade.timed("service"):
+                        done.append(self._wait(entry))
                 else:
                     done.append(self._ask(self.quick_client, entry))
             except BaseException as exc:  # noqa: BLE001 - raised again on this thread
