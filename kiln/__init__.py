@@ -9,11 +9,15 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from kiln import logs
 from kiln.config import Config, configure
 from kiln.degrade import KilnWarning, stats, timeline
+from kiln.report import report
 
-__all__ = ["Config", "KilnWarning", "configure", "remote_compile", "stats", "timeline",
-           "wait_compiled"]
+__all__ = ["Config", "KilnWarning", "configure", "remote_compile", "report", "stats",
+           "timeline", "wait_compiled"]
+
+logs.apply()  # KILN_LOG_LEVEL, and kiln's lines shown without a logging setup
 
 
 def __getattr__(name: str) -> Any:

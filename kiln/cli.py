@@ -337,12 +337,29 @@ def _check_revision(url: str, revision: str) -> None:
 
     from service.migrate import alembic_config
 
-    if re.search(r"[+-]\d+$", revision):
-        return
+    script = ScriptDirectory.from_config(alembic_config(url))
+    relative = re.fullmatch(r"(.*?)([+-]\d+)", revision)
     try:
-        ScriptDirectory.from_config(alembic_config(url)).get_revisions(revision)
+        if relative is None:
+            script.get_revisions(revision)
+        elif relative.group(1):  # from the current revision (`+1`): Alembic checks it
+            _check_relative(script, revision, relative.group(1), int(relative.group(2)))
     except CommandError as exc:
         raise SystemExit(f"kiln db upgrade: {exc}; {REVISION_HINT}") from None
+
+
+def _check_relative(script: Any, revision: str, anchor: str, steps: int) -> None:
+    """Refuse `anchor±steps` past either end of a linear history (Alembic's own check ends
+    in an AssertionError); branched histories are left to Alembic."""
+    if len(script.get_heads()) != 1:
+        return
+    chain = [r.revision for r in reversed(list(script.walk_revisions()))]  # oldest first
+    ends = {"base": -1, "head": len(chain) - 1, "heads": len(chain) - 1}
+    at = ends[anchor] if anchor in ends else chain.index(script.get_revision(anchor).revision)
+    if not 0 <= at + steps < len(chain):
+        n = len(chain)
+        raise SystemExit(f"kiln db upgrade: {revision} is outside the migrations ({n} "
+                         f"revisions: base+1 to base+{n}, head-{n - 1} to head); {REVISION_HINT}")
 
 
 def cmd_db_prune(args: argparse.Namespace) -> int:

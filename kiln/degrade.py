@@ -195,13 +195,15 @@ def stats() -> dict[str, float]:
     - `schedules_probed`: graphs the service answered from a lookup alone (their job done, no
       graph sent); a schedule already built from the disk cache is not fetched again
     - `schedules_cached`: schedules read from the local disk cache
-    - `builds`: graphs built into Triton kernels; `eager`: graphs run eagerly
+    - `builds`: graphs built into Triton kernels; `kernels`: the kernels those builds
+      generated; `eager`: graphs run eagerly
     - `swaps`: tuned schedules swapped in after the first call
     - `fallback:<cause>`: how often each degrade cause happened
     - `seconds:<step>`: time spent per compile step: `aot` (AOTAutograd's trace of a
       dynamo graph, with its forward or inference graph's compile in it), `wire` (convert
       and key), `resolve` (cache, service, build), `build` (code generation), `precompile`
-      (Triton compiles and loads the kernels), `prepare` (once per process: compile workers
+      (Triton compiles and loads the kernels), `service` (a wait-mode graph's exchange with
+      the service, on a thread of its own while the graph lowers: `lower`), `prepare` (once per process: compile workers
       and Triton's loader, on a thread of its own), `background` (all of that, for graphs
       resolved off the training thread); `timeline()` lists the steps one by one
     """

@@ -22,7 +22,7 @@ from typing import Any
 
 import compiler
 from compiler.runtime import compile_pool
-from kiln import degrade
+from kiln import degrade, progress
 from kiln.binaries import ServiceBinaries
 from kiln.cache import PlanCache, ScheduleCache
 from kiln.client import Answer, ServiceClient, ServiceError
@@ -138,6 +138,7 @@ class Resolver:
         (`kiln.binaries`); should one not load, the graph's kernels are compiled here."""
         with degrade.timed("build"):
             built = compiler.build(entry.graph, schedule)
+        degrade.count("kernels", len(built.kernels))
         with degrade.timed("precompile"):
             source = self.binaries()
             with compile_pool.binary_source(source) as placed:
@@ -214,13 +215,15 @@ class Resolver:
         def exchange() -> None:
             try:
                 if self.config.mode == "wait":
-                    done.append(self._wait(entry))
+                    with degrade.timed("service"):
+                        done.append(self._wait(entry))
                 else:
                     done.append(self._ask(self.quick_client, entry))
             except BaseException as exc:  # noqa: BLE001 - raised again on this thread
                 failed.append(exc)
 
         thread = threading.Thread(target=exchange, name="kiln-exchange", daemon=True)
+        started = time.monotonic()
         thread.start()
         with degrade.timed("lower"):
             try:
@@ -228,10 +231,23 @@ class Resolver:
             except Exception:  # noqa: BLE001 - the build raises it again, and reports it
                 log.debug("kiln: lowering %s ahead of its schedule failed", entry.key[:12],
                           exc_info=True)
-        thread.join()
+        self._join_saying_so(thread, entry, started, done)
         if failed:
             raise failed[0]
         return done[0]
+
+    def _join_saying_so(self, thread: threading.Thread, entry: CompiledGraph, started: float,
+                        done: list[Answer | None]) -> None:
+        """Join the exchange; a wait-mode one still running `progress.NOTICE_S` after it
+        started is logged, and so is how it ended (`kiln.progress`)."""
+        if self.config.mode == "wait":  # async: one short attempt, nothing to report
+            thread.join(max(0.0, started + progress.NOTICE_S - time.monotonic()))
+        if not thread.is_alive() or self.config.mode != "wait":
+            thread.join()
+            return
+        progress.waiting(entry, time.monotonic() - started, self.config.wait_timeout)
+        thread.join()
+        progress.waited(entry, done[0] if done else None, time.monotonic() - started)
 
     def _ask(self, client: ServiceClient | None, entry: CompiledGraph,
              state: PollState | None = None) -> Answer | None:

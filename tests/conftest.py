@@ -1,17 +1,21 @@
 """Shared fixtures: real PostgreSQL and Redis for the tests that need them.
 
 Without CI set, a missing service skips those tests; with CI set, it fails them, so a
-CI run can never go green by skipping the service tests.
+CI run can never go green by skipping the service tests. And a run that leaves a process
+behind fails (`pytest_sessionfinish`).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 
 import pytest
+
+from tests import processes
 
 PG_HOST, PG_PORT = os.environ.get("KILN_TEST_PG_HOST", "127.0.0.1"), 5432
 REDIS_HOST, REDIS_PORT = os.environ.get("KILN_TEST_REDIS_HOST", "127.0.0.1"), 6379
@@ -70,3 +74,40 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
+
+
+# ---- no process left behind --------------------------------------------------------------
+# The run marks its environment (tests/processes.py), so every process a test starts, and
+# every process those start, carries the mark unless given an environment without it; at
+# the end, those still running (after a grace period) fail the run and are ended. Under
+# pytest-xdist the workers inherit the controller's mark and the controller checks, once
+# the workers are gone.
+_RUN_MARK = pytest.StashKey[dict[str, str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller's mark stays
+        return
+    mark = processes.new_mark()
+    os.environ.update(mark)
+    config.stash[_RUN_MARK] = mark
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    mark = session.config.stash.get(_RUN_MARK, None)
+    if mark is None:
+        return
+    left = processes.left_behind(mark)
+    if not left:
+        return
+    processes.end_left_behind(mark)
+    lines = [f"{len(left)} process(es) started by the tests were still running at the end "
+             "(now killed); the test that started each must end it:"]
+    lines += [f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items())]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in lines:
+        if reporter is not None:
+            reporter.write_line(line, red=True)
+        else:
+            print(line, file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -47,3 +49,38 @@ def end_left_behind(mark: dict[str, str]) -> dict[int, str]:
         except OSError:
             pass
     return left
+
+
+# ---- the whole run: what the test session leaves behind (tests/conftest.py) -----------------
+SESSION_GRACE_S = 5.0  # how long processes ending as the session ends are given to go
+
+# Children of the test process itself that end with it (they read a pipe from it): Python's
+# multiprocessing helpers, and kiln's compile workers and Triton key child (by the code they
+# were started with).
+_ENDS_WITH_PARENT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+_BOOT_MODULES = ("compiler.runtime.compile_pool", "compiler.runtime.triton_key")
+
+
+def _ends_with_this_process(pid: int, cmdline: str) -> bool:
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    if parent != os.getpid():
+        return False
+    boots = [getattr(sys.modules[m], "_BOOT", None) for m in _BOOT_MODULES if m in sys.modules]
+    return any(h in cmdline for h in _ENDS_WITH_PARENT) or any(
+        b and b.replace("\0", " ").strip()[:200] in cmdline for b in boots)
+
+
+def left_behind(mark: dict[str, str], grace: float = SESSION_GRACE_S) -> dict[int, str]:
+    """The processes carrying `mark` still running after up to `grace` seconds (polled: a
+    child that is ending as the session ends is not counted), other than this process's
+    own helpers, which end with it."""
+    deadline = time.monotonic() + grace
+    while True:
+        left = {pid: cmd for pid, cmd in marked(mark).items()
+                if not _ends_with_this_process(pid, cmd)}
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)

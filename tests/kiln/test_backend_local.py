@@ -5,6 +5,7 @@ with results equal to eager and one warning per cause."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -14,7 +15,7 @@ import torch
 import compiler
 import kiln
 from examples.models import SeedMLP
-from kiln import backend
+from kiln import backend, progress
 from kiln.cache import ScheduleCache
 from kiln.compiled import CompiledGraph
 from tests.kiln.fake_http import FakeServer, json_reply
@@ -273,6 +274,57 @@ def _first_call() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Compiled
         torch.testing.assert_close(compiled(x), want)
     (graph,) = backend.compiled_graphs()
     return compiled, x, want, graph
+
+
+def _progress_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "kiln.progress"]
+
+
+def test_a_long_wait_on_the_service_says_which_graph_for_how_long_and_what_it_got(
+        monkeypatch, caplog, kiln_warnings):
+    """A wait past `progress.NOTICE_S` logs one line naming the graph (kind, tag, short
+    key), the most it may still last and what happens then, and one when the tuned
+    schedule lands."""
+    monkeypatch.setattr(progress, "NOTICE_S", 0.1)
+    caplog.set_level(logging.INFO, logger="kiln")
+    with FakeServer(TunedLater(pending_polls=12)) as srv:
+        kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=30)
+        _, _, _, graph = _first_call()
+    name = f"inference graph 'SeedMLP inference' ({graph.key[:12]})"
+    waiting, got = _progress_lines(caplog)
+    assert waiting == (f"kiln: waiting for the service's tuned schedule of the {name}, up to "
+                       "30 s more; after that it starts with the best schedule at hand and "
+                       "the tuned one is swapped in when it lands")
+    assert got.startswith(f"kiln: got the tuned schedule of the {name} after ")
+    assert 0.1 <= float(got.rsplit(" ", 2)[1]) < 30
+    assert (graph.level, graph.origin) == ("tuned", "service")
+    assert not causes(kiln_warnings)
+
+
+def test_a_wait_that_times_out_says_it_gave_up_and_what_the_graph_starts_with(
+        monkeypatch, caplog, kiln_warnings):
+    monkeypatch.setattr(progress, "NOTICE_S", 0.1)
+    caplog.set_level(logging.INFO, logger="kiln")
+    with FakeServer(TunedLater(pending_polls=1000)) as srv:
+        kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=0.5)
+        _, _, _, graph = _first_call()
+        backend.shutdown()
+    waiting, gave_up = _progress_lines(caplog)
+    assert "up to 0 s more" in waiting
+    assert gave_up.startswith(f"kiln: gave up waiting for the tuned schedule of the inference "
+                              f"graph 'SeedMLP inference' ({graph.key[:12]}) after ")
+    assert gave_up.endswith("; starting with a heuristic schedule built here, the tuned one "
+                            "is swapped in when it lands")
+    assert (graph.level, graph.origin) == ("heuristic", "local")
+    assert causes(kiln_warnings) == {"wait_timeout": 1}
+
+
+def test_a_short_wait_on_the_service_logs_nothing(caplog, kiln_warnings):
+    caplog.set_level(logging.DEBUG, logger="kiln")
+    with FakeServer(TunedLater(pending_polls=1)) as srv:
+        kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=30)
+        _, _, _, graph = _first_call()
+    assert graph.level == "tuned" and _progress_lines(caplog) == []
 
 
 def test_async_mode_starts_at_once_and_swaps_the_tuned_schedule_in_between_calls(

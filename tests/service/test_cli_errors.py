@@ -46,6 +46,30 @@ def test_an_unknown_revision_is_one_line(tmp_path: Path) -> None:
     assert "head" in line  # what to give instead
 
 
+MIGRATIONS = len(list((REPO / "migrations" / "versions").glob("[0-9]*.py")))
+
+
+@pytest.mark.parametrize("revision", [f"head-{MIGRATIONS + 1}", f"head-{MIGRATIONS}",
+                                      f"base+{MIGRATIONS + 1}", "head+1", "0003-3",
+                                      f"0003+{MIGRATIONS - 2}"])
+def test_a_relative_revision_past_either_end_is_one_line(tmp_path: Path, revision: str) -> None:
+    """Alembic ends such a revision in an AssertionError traceback; kiln refuses it before
+    connecting, naming the range it may take."""
+    db = tmp_path / "k.db"
+    line = one_line_error(kiln("db", "upgrade", revision, KILN_DATABASE_URL=f"sqlite:///{db}"))
+    assert line.startswith(f"kiln db upgrade: {revision} is outside the migrations "
+                           f"({MIGRATIONS} revisions: base+1 to base+{MIGRATIONS}, "
+                           f"head-{MIGRATIONS - 1} to head); give a revision"), line
+    assert not db.exists()
+
+
+def test_a_relative_revision_within_the_migrations_still_upgrades(tmp_path: Path) -> None:
+    result = kiln("db", "upgrade", f"head-{MIGRATIONS - 1}",
+                  KILN_DATABASE_URL=f"sqlite:///{tmp_path / 'k.db'}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(f"is at head-{MIGRATIONS - 1}")
+
+
 def test_worker_without_a_shared_queue_refuses_to_start(tmp_path: Path) -> None:
     result = kiln("worker", "--device", "cpu",
                   KILN_DATABASE_URL=f"sqlite:///{tmp_path / 'k.db'}")
