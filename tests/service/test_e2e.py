@@ -86,7 +86,7 @@ def test_embedded_default_serves_and_compiles(tmp_path: Path) -> None:
                          KILN_KERNEL_DIR=str(tmp_path / "kernels"))
     try:
         # The embedded default keeps a new admin token beside its database, printed once.
-        assert re.search(r"new admin token, kept in \S+admin-token for later starts: kiln_\S+",
+        assert re.search(r"log in with the new admin token \(kept in \S+admin-token\): kiln_\S+",
                          api.log())
         assert (home / ".local/share/kiln/kiln.db").exists()
         c = corpus()[0]
