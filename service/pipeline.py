@@ -89,7 +89,6 @@ def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: i
     on the Triton interpreter; a larger one is published unchecked, with the reason in the
     note. The part of a build that `service.build_child` runs in a child process."""
     import compiler
-
     from compiler.lowering import budget
 
     graph = compiler.from_wire(wire)
