@@ -54,22 +54,25 @@ def run(build: Callable[[str, dict[str, Any], int], pipeline.Outcome], wire: str
         return build(wire, target_json, settings.interpret_max_numel)
     outcome = build_in_child(wire, target_json, settings.interpret_max_numel,
                              timeout_s=settings.build_timeout_s,
-                             memory_bytes=settings.build_memory_mb << 20)
+                             memory_bytes=settings.build_memory_mb << 20,
+                             max_cost=settings.max_build_cost)
     return pipeline.compile_for_target(wire, target_json, outcome)
 
 
 def build_in_child(wire: str, target_json: dict[str, Any], interpret_max_numel: int, *,
-                   timeout_s: float, memory_bytes: int) -> pipeline.Outcome:
-    """`pipeline.build_kernels` in a child process; `memory_bytes` 0 means no memory cap.
+                   timeout_s: float, memory_bytes: int, max_cost: int = 0) -> pipeline.Outcome:
+    """`pipeline.build_kernels` in a child process; `memory_bytes` 0 means no memory cap,
+    `max_cost` 0 no build budget.
 
-    Raises `BuildLimitError` when the child runs past `timeout_s` (it is killed) or runs
+    Raises `BuildLimitError` when the graph's price exceeds `max_cost` (the child refuses
+    it before lowering), when the child runs past `timeout_s` (it is killed) or runs
     out of memory, RuntimeError when it dies otherwise, and `BuildFailed` carrying the
     child's error when the build fails (an invalid graph, a wrong interpreter result)."""
     ctx = forkserver.context()
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, name="kiln-build",
                         args=(send, wire, target_json, interpret_max_numel, memory_bytes,
-                              timeout_s))
+                              timeout_s, max_cost))
     started = time.monotonic()
     child.start()
     send.close()  # the child holds the only writer: its death reads as end of file
@@ -90,6 +93,8 @@ def build_in_child(wire: str, target_json: dict[str, Any], interpret_max_numel: 
         child.join()
     log.debug("build child finished in %.2f s, peak RSS %s MB", time.monotonic() - started,
               result.get("peak_mb"))
+    if "refused" in result:
+        raise BuildLimitError(result["refused"])
     if "error" in result:
         error = result["error"]
         if memory_bytes and any(mark in error for mark in _OUT_OF_MEMORY):
@@ -111,7 +116,7 @@ def _died(exitcode: int | None, memory_bytes: int) -> Exception:
 
 
 def _child(conn: Connection, wire: str, target_json: dict[str, Any], interpret_max_numel: int,
-           memory_bytes: int, timeout_s: float) -> None:
+           memory_bytes: int, timeout_s: float, max_cost: int) -> None:
     # A backstop for a child that outlives its worker (killed -9): CPU seconds, with room
     # for the interpreter's threads; the worker kills it at `timeout_s` of wall time.
     cpu_s = int(2 * timeout_s) + 10
@@ -120,9 +125,13 @@ def _child(conn: Connection, wire: str, target_json: dict[str, Any], interpret_m
         os.nice(BUILD_NICE)
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+    from compiler.lowering.budget import BuildRefused  # the forkserver has compiler loaded
+
     try:
-        outcome = pipeline.build_kernels(wire, target_json, interpret_max_numel)
+        outcome = pipeline.build_kernels(wire, target_json, interpret_max_numel, max_cost)
         payload = {"outcome": asdict(outcome)}
+    except BuildRefused as exc:
+        payload = {"refused": str(exc)}
     except MemoryError:
         payload = {"error": "MemoryError: the build could not allocate memory"}
     except Exception as exc:  # reported to the worker, which records it on the job

@@ -80,14 +80,19 @@ def _check_on_interpreter(graph: Any, built: Any) -> None:
         raise ValueError(f"the heuristic build disagrees with the aten graph: {reason}")
 
 
-def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:
-    """Lower, fuse and generate the heuristic schedule's kernels for the target. For a CPU
+def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: int,
+                  max_build_cost: int = 0) -> Outcome:
+    """Lower, fuse and generate the heuristic schedule's kernels for the target, once the
+    graph's price (`compiler.lowering.budget`) is within `max_build_cost` (0: no limit;
+    past it `BuildRefused`, before any lowering). For a CPU
     target whose every tensor (intermediates included) is small, check the build's outputs
     on the Triton interpreter; a larger one is published unchecked, with the reason in the
     note. The part of a build that `service.build_child` runs in a child process."""
     import compiler
+    from compiler.lowering import budget
 
     graph = compiler.from_wire(wire)
+    budget.check(graph, max_build_cost)
     target = compiler.Target.from_json(target_json)
     built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
     note = "heuristic build"

@@ -38,7 +38,8 @@ class Settings(BaseModel):
     max_attempts: int = Field(default=3, ge=1)
     tune_trials: int = Field(default=64, ge=1)
     tune_seconds: float = Field(default=600.0, gt=0)
-    build_timeout_s: float = Field(default=600.0, gt=0)  # then the job is left to another worker
+    build_timeout_s: float = Field(default=120.0, gt=0)  # a build child's wall time, then it fails
+    max_build_cost: int = Field(default=1_000_000, ge=0)  # a build's price (compiler.lowering.budget); 0: none
     interpret_max_numel: int = Field(default=1 << 16, ge=0)  # CPU check on the interpreter
     build_memory_mb: int = Field(default=4096, ge=0)  # a build child's data segment; 0: no cap
     intake_slots: int = Field(default=4, ge=1)  # submissions read and validated at once

@@ -208,31 +208,36 @@ def _row_has_nan(values: str) -> str:
 
 def _levels(group: KernelGroup, infos: dict[fx.Node, ReductionInfo],
             is_buffer: object) -> dict[fx.Node, int]:
-    """Dependency level of each reduction among the group's reductions."""
+    """Dependency level of each reduction among the group's reductions: one more than the
+    highest level it reads through members and inlined values. Each node's highest level
+    read is computed once (fusion builds a frame per trial: a walk per reduction made a
+    group of n reductions cost n^2 per trial), with a loop, not recursion: chains may be
+    thousands of ops long."""
     levels: dict[fx.Node, int] = {}
     members = set(group.members)
+    reads: dict[fx.Node, int] = {}  # highest level a node's value reads, -1 for none
 
-    def deps(node: fx.Node) -> set[fx.Node]:
-        """The reductions `node` reads, through members and inlined values (a loop, not
-        recursion: chains may be thousands of ops long)."""
-        found: set[fx.Node] = set()
-        seen: set[fx.Node] = set()
+    def through(arg: fx.Node) -> bool:  # an evaluated value, not a reduction or a buffer
+        return arg not in infos and (arg in members or not is_buffer(arg))  # type: ignore[operator]
+
+    def highest(node: fx.Node) -> int:
         todo = [node]
         while todo:
-            for arg in todo.pop().all_input_nodes:
-                if arg in seen:
-                    continue
-                seen.add(arg)
-                if arg in infos:
-                    found.add(arg)
-                elif arg in members or not is_buffer(arg):  # type: ignore[operator]
-                    todo.append(arg)
-        return found
+            n = todo[-1]
+            missing = [a for a in n.all_input_nodes if a not in reads and through(a)]
+            if missing:
+                todo.extend(missing)
+                continue
+            todo.pop()
+            reads[n] = max((levels.get(a, -1) if a in infos else reads[a]
+                            for a in n.all_input_nodes if a in infos or through(a)), default=-1)
+        return reads[node]
 
     for node in group.members:
         if node in infos:
-            below = deps(infos[node].source) | ({infos[node].source} & set(infos))
-            levels[node] = 1 + max((levels[d] for d in below if d in levels), default=-1)
+            source = infos[node].source
+            below = levels.get(source, -1) if source in infos else highest(source)
+            levels[node] = 1 + below
     return levels
 
 

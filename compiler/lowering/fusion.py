@@ -16,6 +16,17 @@
    layer's kernel recompute every layer before it. A realized value joins one kernel like
    any other member, which stores it only when another kernel reads it, so
    single-consumer fusion (prologues, epilogues) is unchanged.
+
+Planning is near-linear in the graph's size. A kernel takes at most MAX_GROUP_MEMBERS
+realized nodes: a join's check evaluates the new member in a frame of the whole group, so
+an unbounded group made a chain of n reductions cost n^2 member evaluations (the 1200-step
+sum/sub chain of issue 30 ran for minutes). A node that a full group refuses reads the lazy
+values it shares with that group from it: they are realized into the full group at once
+(a cut, outside the count), and the round is planned again with them; left lazy, the next
+kernel would recompute the whole chain before it, and every round would move the cut by
+one kernel. Each group's member set and reads are kept as it grows instead of being
+gathered again for every candidate join. `Planner.trials` and `Planner.trial_members`
+count the checks and the members they saw.
 """
 
 from __future__ import annotations
@@ -44,6 +55,10 @@ from compiler.ir import (
 )
 
 CHEAP_OPS = 4  # a value several kernels read may be recomputed by each: up to this many ops
+# Realized nodes one kernel may take; a node that would join a full group starts its own.
+# Far above any model's fused kernel (a layer norm's backward has a dozen), it bounds what a
+# join's check costs (see the module's docstring).
+MAX_GROUP_MEMBERS = 64
 
 
 def classify(gm: fx.GraphModule) -> dict[fx.Node, str]:
@@ -90,12 +105,14 @@ def plan_steps(gm: fx.GraphModule) -> tuple[list[Step], set[fx.Node]]:
     nodes whose values live in buffers."""
     kinds = classify(gm)
     nodes = list(gm.graph.nodes)
-    planner = _Planner(kinds, nodes)
+    planner = Planner(kinds, nodes)
     steps = planner.run()
     return steps, planner.sources | planner.realized
 
 
-class _Planner:
+class Planner:
+    """The fusion plan of one graph (`run`), with counts of the work it took."""
+
     def __init__(self, kinds: dict[fx.Node, str], nodes: list[fx.Node]) -> None:
         self.kinds, self.nodes = kinds, nodes
         out = nodes[-1]
@@ -104,6 +121,15 @@ class _Planner:
         self.sources = {n for n in nodes if kinds[n] in ("input", "const")}
         self.aliases: set[fx.Node] = set()
         self.deps_cache: dict[fx.Node, frozenset[fx.Node]] = {}
+        # per group of the round being planned, by name: its members and what they read
+        self.member_sets: dict[str, set[fx.Node]] = {}
+        self.reads: dict[str, set[fx.Node]] = {}
+        self.counted: dict[str, int] = {}  # members toward MAX_GROUP_MEMBERS (cuts left out)
+        self.cut_count: dict[str, int] = {}
+        self.cuts: set[fx.Node] = set()  # realized because a full group refused their reader
+        self.recut = False  # this round realized cuts: its groups are provisional
+        self.trials = 0  # kernel-kind checks of a join (`KernelKind.fits`)
+        self.trial_members = 0  # members of the groups those checks saw, together
 
     def is_buffer(self, node: fx.Node) -> bool:
         return node in self.sources or node in self.realized
@@ -150,7 +176,11 @@ class _Planner:
                     self.need_buffer(a)
         while True:  # ends: every round realizes at least one more node
             steps, groups = self.group()
-            shared = self.shared_values(groups)
+            shared = set() if self.recut else self.shared_values(groups)
+            if self.recut:
+                self.recut = False
+                self.deps_cache.clear()
+                continue
             if not shared:
                 break
             self.realized |= shared
@@ -162,6 +192,8 @@ class _Planner:
         steps: list[Step] = []
         groups: list[KernelGroup] = []
         position: dict[fx.Node, int] = dict.fromkeys(self.sources, -1)
+        for table in (self.member_sets, self.reads, self.counted, self.cut_count):
+            table.clear()
         for node in self.nodes:
             kind = self.kinds[node]
             if node in self.aliases:
@@ -176,11 +208,16 @@ class _Planner:
                 continue
             deps = self.deps(node)
             group = self.join(node, kind, deps, groups, position)
+            if self.recut:  # a cut made `node` read a value it inlined before
+                deps = self.deps(node)
             if group is None:
                 group = self.new_group(node, kind, len(steps))
                 groups.append(group)
                 steps.append(group)
-            position[node] = group.position
+                self.member_sets[group.name], self.reads[group.name] = set(), set()
+                self.counted[group.name] = self.cut_count[group.name] = 0
+            self.add_member(group, node, deps, position)
+            self.counted[group.name] += node not in self.cuts
         return steps, groups
 
     def shared_values(self, groups: list[KernelGroup]) -> set[fx.Node]:
@@ -257,13 +294,17 @@ class _Planner:
             return None
         shape = meta(node).shape
         for group in reversed(groups):
-            if not all(d in group.members or position[d] < group.position for d in deps):
+            members = self.member_sets[group.name]
+            if not all(d in members or position[d] < group.position for d in deps):
                 continue
-            reads = self.group_reads(group)
-            related = bool(deps & set(group.members)) or bool(deps & reads) or (
+            reads = self.reads[group.name]
+            related = bool(deps & members) or bool(deps & reads) or (
                 kind == "reduction" and group.kind == "reduction"
                 and bool(_producers(deps, position) & _producers(reads, position)))
             if not related:
+                continue
+            if self.counted[group.name] >= MAX_GROUP_MEMBERS and node not in self.cuts:
+                self.cut(node, group, position)
                 continue
             trial = self.trial(group, node, kind, shape, deps)
             if trial is None:
@@ -273,11 +314,34 @@ class _Planner:
             return group
         return None
 
-    def group_reads(self, group: KernelGroup) -> frozenset[fx.Node]:
-        found: set[fx.Node] = set()
-        for m in group.members:
-            found |= self.deps(m)
-        return frozenset(found)
+    def add_member(self, group: KernelGroup, node: fx.Node, deps: frozenset[fx.Node],
+                   position: dict[fx.Node, int]) -> None:
+        self.member_sets[group.name].add(node)
+        self.reads[group.name] |= deps
+        position[node] = group.position
+
+    def cut(self, node: fx.Node, group: KernelGroup, position: dict[fx.Node, int]) -> None:
+        """`node` cannot join the full `group`: realize the lazy values it reads directly
+        into `group` where they can join it (at most MAX_GROUP_MEMBERS of them per group),
+        so that `node` reads them from a buffer instead of recomputing what they inline."""
+        for arg in node.all_input_nodes:
+            if self.is_buffer(arg) or self.kinds[arg] not in ("pointwise", "index") or \
+                    self.cut_count[group.name] >= MAX_GROUP_MEMBERS:
+                continue
+            deps = self.deps(arg)
+            if not all(d in self.member_sets[group.name] or position[d] < group.position
+                       for d in deps):
+                continue
+            trial = self.trial(group, arg, self.kinds[arg], meta(arg).shape, deps)
+            if trial is None:
+                continue
+            group.kind, group.domain = trial.kind, trial.domain
+            group.members, group.anchors = trial.members, trial.anchors
+            self.add_member(group, arg, deps, position)
+            self.realized.add(arg)
+            self.cuts.add(arg)
+            self.cut_count[group.name] += 1
+            self.recut = True
 
     def trial(self, group: KernelGroup, node: fx.Node, kind: str, shape: tuple,
               deps: frozenset[fx.Node]) -> KernelGroup | None:
@@ -314,6 +378,8 @@ class _Planner:
         trial.stored = list(trial.members)
         if kind == "reduction" or self.reads_anchor(trial, node):
             template = kinds.kind_of(new_kind, kinds.trial_variant(new_kind))
+            self.trials += 1
+            self.trial_members += len(trial.members)
             if not template.fits(trial, node, self.is_buffer):
                 return None
         return trial
@@ -364,6 +430,6 @@ class _Planner:
         return [n for n in self.nodes if n in found]
 
 
-def _producers(nodes: frozenset[fx.Node], position: dict[fx.Node, int]) -> set[int]:
+def _producers(nodes: frozenset[fx.Node] | set[fx.Node], position: dict[fx.Node, int]) -> set[int]:
     """Steps that computed `nodes` (graph inputs and constants left out)."""
     return {position[n] for n in nodes if position.get(n, -1) >= 0}

@@ -40,16 +40,16 @@ def test_fits_agrees_with_generating_the_trial_kernel(monkeypatch: pytest.Monkey
             return got
 
         monkeypatch.setattr(kind, "fits", fits)
-    reads_anchor = fusion._Planner.reads_anchor
+    reads_anchor = fusion.Planner.reads_anchor
 
-    def checked(self: fusion._Planner, group: KernelGroup, node: fx.Node) -> bool:
+    def checked(self: fusion.Planner, group: KernelGroup, node: fx.Node) -> bool:
         got = reads_anchor(self, group, node)
         if not got:  # no check at all: the trial kernel must generate
             assert _generates(group, self.is_buffer), (group.name, node.name)
             asked["no anchor"] += 1
         return got
 
-    monkeypatch.setattr(fusion._Planner, "reads_anchor", checked)
+    monkeypatch.setattr(fusion.Planner, "reads_anchor", checked)
     x = rand((4, 6))
     for _, gm, inputs in [*graphs(), ("reshaped", trace(_reshaped_member, x), [x])]:
         lower_fx(gm, list(inputs))

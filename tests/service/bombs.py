@@ -53,3 +53,19 @@ def bicubic_chain(count: int, size: int = 64) -> dict[str, Any]:
     return {"format": "kiln.graph/1",
             "inputs": [{"name": "x", **_meta(shape), "storage_offset": 0, "requires_grad": False}],
             "nodes": nodes, "outputs": [{"ref": nodes[-1]["name"]}]}
+
+
+def sum_sub_chain(steps: int, shape: tuple[int, ...] = (8, 16)) -> dict[str, Any]:
+    """`x = x - x.sum(-1, keepdim=True)`, `steps` times: a chain of reductions each reading
+    the one before (issue 30: 1200 steps held a worker 552 s while fusion grew one group)."""
+    full, row = _meta(list(shape)), _meta([*shape[:-1], 1])
+    nodes, prev = [], "x"
+    for i in range(steps):
+        nodes += [{"name": f"s{i}", "op": "aten.sum.dim_IntList",
+                   "args": [{"ref": prev}, [-1], True], "kwargs": {}, "meta": row},
+                  {"name": f"d{i}", "op": "aten.sub.Tensor",
+                   "args": [{"ref": prev}, {"ref": f"s{i}"}], "kwargs": {}, "meta": full}]
+        prev = f"d{i}"
+    return {"format": "kiln.graph/1",
+            "inputs": [{"name": "x", **full, "storage_offset": 0, "requires_grad": False}],
+            "nodes": nodes, "outputs": [{"ref": prev}]}

@@ -16,7 +16,7 @@ import pytest
 import compiler
 from service import build_child, pipeline
 from service.migrate import upgrade
-from tests.service.bombs import expand_sum, full_relu
+from tests.service.bombs import expand_sum, full_relu, sum_sub_chain
 from tests.service.helpers import free_port, start_api, start_worker, wait_for
 
 CPU = compiler.Target.detect("cpu").to_json()
@@ -72,6 +72,15 @@ def test_build_child_past_its_time_limit_is_killed_at_once():
         build_child.build_in_child(json.dumps(expand_sum(16384)), CPU, 1 << 40, timeout_s=1.5,
                                    memory_bytes=1 << 30)
     assert time.monotonic() - start < 5
+
+
+def test_build_child_refuses_a_graph_over_its_build_budget_before_lowering():
+    start = time.monotonic()
+    with pytest.raises(build_child.BuildLimitError,
+                       match=r"2,400 nodes.*1,200 reductions.*KILN_MAX_BUILD_COST"):
+        build_child.build_in_child(json.dumps(sum_sub_chain(1200)), CPU, 1 << 16, timeout_s=120,
+                                   memory_bytes=0, max_cost=10_000)
+    assert time.monotonic() - start < 60  # priced, not built
 
 
 def test_a_failing_build_reports_the_child_error():
