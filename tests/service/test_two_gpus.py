@@ -25,7 +25,6 @@ from service.context import ServiceContext
 from service.migrate import upgrade
 from service.models import JobRow, MeasurementRow, WorkerRow
 from service.pipeline import Outcome
-from service.queue import BUILD_STREAM
 from service.settings import Settings
 from service.worker import Worker
 from tests.service.helpers import fake_submission, job_dict, start_worker, wait_for
