@@ -17,8 +17,15 @@ processes. Then, for every model and step (inference, training step):
    (median of 3 rounds, one synchronize each) for eager and kiln, the error against eager,
    and the client's `kiln.stats()`.
 
-Per graph it prints the entry's status (tuned / heuristic / failed), tuning seconds and the
-tuner's eager / heuristic / tuned ms, and writes everything as JSON (`--out`).
+Per graph it prints the entry's status (tuned / heuristic / failed), tuning seconds, the
+tuner's eager / heuristic / tuned ms and which GPU tuned it (the worker, its device and the
+device its tuning child reported), and writes everything as JSON (`--out`), with `wall_s`:
+from the first submission to the last job finished (the service's own timestamps).
+
+Several GPUs of one host: `--gpus N` tunes with N workers (GPUs 0..N-1); `--gpus 1,2` runs
+the whole set once per count in the same command, each with a fresh service and fresh
+compile caches, and writes `wall_s_1gpu`, `wall_s_2gpu` (to bench/results/flow_h200x2.json
+unless `--out` says otherwise). `--no-measure` skips the timing of the second phase.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +110,8 @@ class Service:
         self.env = {**os.environ, "KILN_DATABASE_URL": f"sqlite:///{workdir / 'kiln.db'}",
                     "KILN_ADMIN_TOKEN": self.token, "KILN_PORT": str(self.port),
                     "KILN_TUNE_SECONDS": str(tune_seconds), "KILN_TUNE_TRIALS": str(tune_trials),
+                    # a compile cache per run: a later run (another GPU count) starts as cold
+                    "TRITON_CACHE_DIR": str(workdir / "triton-cache"),
                     "PYTHONUNBUFFERED": "1"}
         self.procs: list[subprocess.Popen] = []
         self.mode = "embedded"
@@ -151,6 +161,11 @@ class Service:
 
     def entry(self, key: str) -> dict[str, Any]:
         return _get(f"{self.url}/v1/admin/entries/{key}", self.token)
+
+    def worker_devices(self) -> dict[str, str]:
+        """Each worker's id and its device (`cpu`, `cuda:N`)."""
+        return {w["id"]: w["device"]
+                for w in _get(f"{self.url}/v1/admin/stats", self.token)["workers"]}
 
     def stop(self) -> None:
         """Stop each process, then end whatever it left running in its group (a process
@@ -204,6 +219,7 @@ def _settle(service: Service, timeout: float) -> list[dict[str, Any]]:
 
 
 def _graphs(service: Service, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    devices = service.worker_devices()
     rows = []
     for e in sorted(entries, key=lambda e: (e.get("tag") or "", e["created_at"] or "")):
         detail = service.entry(e["key"])
@@ -215,8 +231,50 @@ def _graphs(service: Service, entries: list[dict[str, Any]]) -> list[dict[str, A
             "heuristic_ms": e.get("heuristic_ms"), "tuned_ms": e.get("tuned_ms"),
             "job_status": job.get("status"), "job_error": job.get("error"),
             "note": ((job.get("history") or [{}])[-1] or {}).get("message"),
+            "submitted_at": e.get("created_at"), "finished_at": job.get("finished_at"),
+            **tuned_by(job, devices),
         })
     return rows
+
+
+def tuned_by(job: dict[str, Any], devices: dict[str, str]) -> dict[str, Any]:
+    """Which GPU tuned a job (as `GET /v1/jobs/{id}` shows it): the finishing `worker`, its
+    `worker_device`, the `tuned_device` its tuning child reported, every GPU worker that
+    started tuning it (`tune_workers`: more than one when one died mid-tune) and how many
+    tunings finished (`tunes_done`: 1 when the key was tuned exactly once). A GPU worker is
+    one whose device is not the CPU."""
+    on_gpu = [e for e in job.get("history") or []
+              if devices.get(e.get("worker") or "", "cpu") != "cpu"]
+    worker = job.get("worker")
+    return {"worker": worker, "worker_device": devices.get(worker or ""),
+            "tuned_device": job.get("tuned_device"),
+            "tune_workers": [e["worker"] for e in on_gpu if e["status"] == "running"],
+            "tunes_done": sum(e["status"] == "done" for e in on_gpu)}
+
+
+def wall_seconds(graphs: list[dict[str, Any]]) -> float | None:
+    """From the first submission to the last job finished, on the service's clock; None
+    when a job never finished."""
+    ends = [g["finished_at"] for g in graphs]
+    if not graphs or None in ends:
+        return None
+    first = min(datetime.fromisoformat(g["submitted_at"]) for g in graphs)
+    return round((max(map(datetime.fromisoformat, ends)) - first).total_seconds(), 2)
+
+
+def gpu_checks(graphs: list[dict[str, Any]], gpus: int) -> dict[str, Any]:
+    """What a run with `gpus` tuning workers must show: every graph tuned, each key tuned
+    exactly once, each tuning child on its own worker's GPU, and (with several GPUs) every
+    worker taking part."""
+    used = sorted({g["worker_device"] for g in graphs if g["worker_device"]})
+    return {
+        "all_tuned": bool(graphs) and all(g["status"] == "tuned" for g in graphs),
+        "each_key_tuned_once": all(g["tunes_done"] == 1 for g in graphs),
+        "each_child_on_its_gpu": all(g["tuned_device"] is not None
+                                     and g["tuned_device"] == g["worker_device"] for g in graphs),
+        "gpus_used": used,
+        "every_gpu_used": len(used) == gpus,
+    }
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -226,13 +284,15 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def _print_tables(graphs: list[dict[str, Any]], clients: list[dict[str, Any]]) -> None:
     print("\nper graph (the service's record)")
     print(f"{'tag':<22}{'key':<14}{'status':<11}{'kernels':>8}{'tune s':>9}{'eager ms':>10}"
-          f"{'heur ms':>10}{'tuned ms':>10}")
+          f"{'heur ms':>10}{'tuned ms':>10}  tuned on (worker / child)")
     for g in graphs:
         print(f"{_fmt(g['tag']):<22}{g['key'][:12]:<14}{g['status']:<11}{g['kernels']:>8}"
               f"{_fmt(g['tuning_s'], 1):>9}{_fmt(g['eager_ms']):>10}{_fmt(g['heuristic_ms']):>10}"
-              f"{_fmt(g['tuned_ms']):>10}")
+              f"{_fmt(g['tuned_ms']):>10}  {_fmt(g['worker_device'])} / {_fmt(g['tuned_device'])}")
         if g["status"] != "tuned" or (g["note"] and "keeping" in g["note"]):
             print(f"    {g['job_error'] or g['note']}")
+    if not clients:
+        return
     print("\nper case (fresh client on a service hit; wall clock, ms per step)")
     print(f"{'case':<22}{'compile s':>10}{'hit s':>8}{'eager':>9}{'kiln':>9}{'vs eager':>9}"
           f"{'err':>9}  stats")
@@ -251,19 +311,32 @@ def _print_tables(graphs: list[dict[str, Any]], clients: list[dict[str, Any]]) -
               f"{_fmt(m.get('error_vs_eager'), 4):>9}  {json.dumps(stats)}")
 
 
-def orchestrate(args: argparse.Namespace) -> int:
-    import torch
+def gpu_counts(spec: str | None, visible: int) -> list[int] | None:
+    """`--gpus`: None (every visible GPU, one run), a count N, or counts like 1,2 (a run
+    each, in that order); each between 1 and the GPUs visible."""
+    if spec is None:
+        return None
+    try:
+        counts = [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise SystemExit(f"--gpus takes a count or counts like 1,2; not {spec!r}") from None
+    for n in counts:
+        if not 1 <= n <= visible:
+            raise SystemExit(f"--gpus {spec}: {n} GPU(s) asked, {visible} visible")
+    return counts
 
-    cases = [(m, s) for m in args.models for s in (("train",) if m == "gpt_block_train"
-                                                   else ("infer", "train"))]
-    gpus = list(range(torch.cuda.device_count())) if args.device.startswith("cuda") else []
-    redis = None if args.redis == "off" else args.redis or shutil.which("redis-server")
+
+def _run(args: argparse.Namespace, cases: list[tuple[str, str]], gpus: list[int],
+         redis: str | None, logs_name: str) -> dict[str, Any]:
+    """The set through a fresh service tuning on `gpus`: compile, settle, (measure)."""
     workdir = Path(tempfile.mkdtemp(prefix="kiln-flow-"))
-    print(f"kiln flow: {len(cases)} cases on {args.device}; work dir {workdir}", flush=True)
+    print(f"kiln flow: {len(cases)} cases on {args.device}, {len(gpus)} GPU(s); work dir "
+          f"{workdir}", flush=True)
     started = time.monotonic()
     service = Service(workdir, gpus, redis, args.tune_seconds, args.tune_trials)
     print(f"kiln flow: service up in {time.monotonic() - started:.1f} s ({service.mode}, "
           f"{len(gpus)} GPU tuning worker(s))", flush=True)
+    clients: list[dict[str, Any]] = []
     try:
         compile_start = time.monotonic()
         with ThreadPoolExecutor(len(cases)) as pool:  # every case waits on the service at once
@@ -273,32 +346,76 @@ def orchestrate(args: argparse.Namespace) -> int:
         flow_s = time.monotonic() - compile_start
         print(f"kiln flow: every graph settled {flow_s:.1f} s after the first client started",
               flush=True)
-        clients = []
         for (model, step), first in zip(cases, compiled, strict=True):
-            measured = _client(service, args, model, step, True, workdir / f"hit-{model}-{step}")
+            measured = {} if args.no_measure else \
+                _client(service, args, model, step, True, workdir / f"hit-{model}-{step}")
             clients.append({"model": model, "step": step, "compile": first, "measure": measured})
     finally:
         service.stop()
-    _print_tables(graphs, clients)
-    result = {"command": " ".join(["python -m bench.flow", *sys.argv[1:]]),
-              "device": torch.cuda.get_device_name(0) if gpus else "cpu",
-              "torch": torch.__version__, "service_mode": service.mode,
-              "tune_seconds": args.tune_seconds, "tune_trials": args.tune_trials,
-              "flow_s": round(flow_s, 1), "graphs": graphs, "cases": clients}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"\nwrote {args.out}")
+    _print_tables(graphs, [] if args.no_measure else clients)
     logs = os.environ.get("OUT")
     if logs:  # the device machine: bring the service's logs back with the results
-        shutil.make_archive(str(Path(logs) / "flow_logs"), "gztar", service.logs)
+        shutil.make_archive(str(Path(logs) / logs_name), "gztar", service.logs)
+    run = {"gpus": len(gpus), "service_mode": service.mode, "flow_s": round(flow_s, 1),
+           "wall_s": wall_seconds(graphs)}
+    if gpus:
+        run["checks"] = gpu_checks(graphs, len(gpus))
+    run.update(graphs=graphs, cases=clients)
     tuned = sum(g["status"] == "tuned" for g in graphs)
-    print(f"\n{tuned} of {len(graphs)} graphs tuned")
-    # Without a GPU nothing tunes: success is then every graph built and every client served.
-    wanted = len(graphs) if gpus else 0
-    served = all("error" not in c["measure"] and not c["measure"].get("warned") for c in clients)
+    print(f"\n{tuned} of {len(graphs)} graphs tuned; wall {run['wall_s']} s from the first "
+          f"submission to the last job finished ({len(gpus)} GPU(s))")
+    if gpus:
+        print(f"checks: {json.dumps(run['checks'])}")
+    return run
+
+
+def _run_ok(run: dict[str, Any]) -> bool:
+    """Every graph built and every client served; with GPUs, every graph tuned, each key
+    once, each child on its worker's GPU, and every GPU used."""
+    graphs = run["graphs"]
+    served = all("error" not in c["compile"] and "error" not in c["measure"]
+                 and not c["measure"].get("warned") for c in run["cases"])
     failed = any(g["status"] == "failed" for g in graphs)
-    return 0 if graphs and tuned >= wanted and served and not failed else 1
+    checks = run.get("checks")
+    gpu_ok = checks is None or all(v for k, v in checks.items() if k != "gpus_used")
+    return bool(graphs) and served and not failed and gpu_ok
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    import torch
+
+    cases = [(m, s) for m in args.models for s in (("train",) if m == "gpt_block_train"
+                                                   else ("infer", "train"))]
+    visible = torch.cuda.device_count() if args.device.startswith("cuda") else 0
+    if args.gpus is not None and not visible:
+        raise SystemExit("--gpus needs --device cuda and a visible GPU")
+    counts = gpu_counts(args.gpus, visible)
+    listed = args.gpus is not None and "," in args.gpus
+    out = args.out or ROOT / "bench" / "results" / ("flow_h200x2.json" if listed else "flow_h200.json")
+    redis = None if args.redis == "off" else args.redis or shutil.which("redis-server")
+    runs = [_run(args, cases, list(range(n)), redis, f"flow_logs_{n}gpu" if listed else "flow_logs")
+            for n in (counts or [visible])]
+    result: dict[str, Any] = {
+        "command": " ".join(["python -m bench.flow", *sys.argv[1:]]),
+        "device": torch.cuda.get_device_name(0) if visible else "cpu",
+        "gpus_visible": visible, "torch": torch.__version__,
+        "tune_seconds": args.tune_seconds, "tune_trials": args.tune_trials}
+    for run in runs:
+        if run["gpus"]:
+            result[f"wall_s_{run['gpus']}gpu"] = run["wall_s"]
+    walls = [run["wall_s"] for run in runs]
+    if len(runs) > 1 and None not in walls:
+        print("\n" + "; ".join(f"{run['gpus']} GPU(s): {run['wall_s']} s" for run in runs)
+              + f" (last / first: {walls[-1] / walls[0]:.2f})")
+    if listed:
+        result["runs"] = runs
+    else:
+        (run,) = runs
+        result.update(run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {out}")
+    return 0 if all(_run_ok(run) for run in runs) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,7 +434,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis", default=None,
                         help="redis-server binary, redis:// URL, or off for the embedded serve "
                              "(default: redis-server on PATH, else the embedded serve)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "flow_h200.json")
+    parser.add_argument("--gpus", default=None, metavar="N|1,2",
+                        help="tuning workers (GPUs 0..N-1; default every visible GPU); a list "
+                             "runs the set once per count (default --out flow_h200x2.json)")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="skip the second phase (hit and wall clock per case)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the JSON record (default bench/results/flow_h200.json, or "
+                             "flow_h200x2.json with a list of --gpus)")
     client = sub.add_parser("client", help="(internal) one case through backend='kiln'")
     add_case_arguments(client)
     client.add_argument("--measure", action="store_true")

@@ -130,6 +130,9 @@ class JobRow(Base):
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # The GPU the tuning child ran on, as it reported it (`cuda:N`): with several GPUs per
+    # host, which one tuned the key. Set when the tuning stage finishes.
+    tuned_device: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Queued, but putting it on the queue failed (Redis down): the next submission of its key

@@ -31,6 +31,8 @@ class Outcome:
     note: str = ""
     # compiled kernels for a CUDA target (`service.target_compile.TargetCompile.binaries`)
     binaries: list[dict[str, Any]] = field(default_factory=list)
+    # where tuning timed the candidates, as the tuning child reported it (`cuda:N`)
+    device: str | None = None
 
 
 def _kernels(built: Any, compiled: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -169,7 +171,8 @@ def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,
                  "tuning_s": getattr(result, "seconds", None) or time.monotonic() - start},
         note="; ".join([f"tuned: {len(measurements)} candidates measured, "
                         f"{_changed_kernels(result)} of {len(kernels)} kernels changed config",
-                        *result.errors])[:4000])
+                        *result.errors])[:4000],
+        device=getattr(result, "device", None))
     return _with_binaries(wire, target_json, outcome)
 
 

@@ -212,6 +212,8 @@ class Worker:
                     store.gpu_serves(session, queue_class, self._gpu_window_s()):
                 if store.hand_to_tuner(session, job, self.id):
                     store.enqueue_after_commit(session, "tune", queue_class, job.id)
+            elif stage == "tune":
+                store.finish(session, job, self.id, self._tuned_note(outcome), outcome.device)
             else:
                 store.finish(session, job, self.id, outcome.note)
         self.ctx.queue.ack(delivery)
@@ -223,6 +225,16 @@ class Worker:
         seconds = time.monotonic() - started
         metrics.observe_job(stage, outcome, seconds)
         log_job_finished(log, job.id, job.key, stage, outcome, seconds, self.id, job.attempts)
+
+    def _tuned_note(self, outcome: pipeline.Outcome) -> str:
+        """The tuning note with the GPU the child reported; a child on another GPU than
+        this worker's is logged (the record keeps what the child said)."""
+        if outcome.device is None:
+            return outcome.note
+        if outcome.device != ("cuda:0" if self.device == "cuda" else self.device):
+            log.warning("worker %s (%s): its tuning child reported %s", self.id, self.device,
+                        outcome.device)
+        return f"{outcome.note} (on {outcome.device})"
 
     def _set_progress(self, fraction: float) -> None:
         # Tuning is the second half of a job (the heuristic build was the first).

@@ -79,6 +79,9 @@ class TuningResult:
     seconds: float
     kernels: list[KernelResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # The device the timing child reported (`cuda:N` or `cpu`); None from a runner that
+    # does not say.
+    device: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +94,7 @@ class TuningResult:
             "seconds": self.seconds,
             "kernels": [k.to_json() for k in self.kernels],
             "errors": self.errors,
+            "device": self.device,
         }
 
 
@@ -322,4 +326,5 @@ def _tune_loaded(
         seconds=time.monotonic() - started,
         kernels=kernel_results,
         errors=errors,
+        device=loaded.get("device"),
     )

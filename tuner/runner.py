@@ -58,6 +58,7 @@ def _child_main(conn: Connection, device: str, fault_hook: FaultHook | None) -> 
                 return
             if verb == "load":
                 reply = session.load(request["graph"], request["schedule"], request["seed"])
+                reply["device"] = _device_in_use(device)
             elif verb == "measure":
                 if fault_hook is not None:
                     fault_hook(request["candidate"])
@@ -73,6 +74,16 @@ def _child_main(conn: Connection, device: str, fault_hook: FaultHook | None) -> 
         except Exception as exc:
             reply = {"error": f"{records.RUN_ERROR}: {describe_exception(exc)[:500]}"}
         conn.send_bytes(json.dumps(reply).encode())
+
+
+def _device_in_use(device: str) -> str:
+    """The device this child times on, as it sees it: `cuda:N` from CUDA's current device
+    (what `set_device` chose), so the record says which GPU of the host did the tuning."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}"
 
 
 class ChildDied(RuntimeError):

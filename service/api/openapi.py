@@ -65,6 +65,7 @@ class JobAnswer(BaseModel):
     attempts: int
     error: str | None = None
     worker: str | None = None
+    tuned_device: str | None = None  # the GPU the tuning child reported (`cuda:N`)
     created_at: str
     finished_at: str | None = None
     history: list[JobEvent]

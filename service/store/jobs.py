@@ -203,12 +203,16 @@ def _held(job: JobRow, worker: str) -> Any:
     return (JobRow.id == job.id) & (JobRow.worker_id == worker) & (JobRow.status == "running")
 
 
-def finish(session: Session, job: JobRow, worker: str, message: str) -> bool:
-    """End a job `done` if this worker still holds it."""
+def finish(session: Session, job: JobRow, worker: str, message: str,
+           tuned_device: str | None = None) -> bool:
+    """End a job `done` if this worker still holds it; `tuned_device` is the GPU its tuning
+    child reported (kept as it was when None: a build does not clear it)."""
     now = utcnow()
-    done = session.execute(update(JobRow).where(_held(job, worker)).values(
-        status="done", progress=1.0, finished_at=now, updated_at=now, lease_until=None,
-        error=None)).rowcount
+    values: dict[str, Any] = {"status": "done", "progress": 1.0, "finished_at": now,
+                              "updated_at": now, "lease_until": None, "error": None}
+    if tuned_device is not None:
+        values["tuned_device"] = tuned_device
+    done = session.execute(update(JobRow).where(_held(job, worker)).values(**values)).rowcount
     if done:
         add_event(session, job, "done", worker, message)
     return bool(done)
@@ -254,7 +258,7 @@ def job_dict(session: Session, job: JobRow) -> dict[str, Any]:
     return {
         "id": job.id, "key": job.key, "status": job.status, "stage": job.stage,
         "progress": job.progress, "attempts": job.attempts, "error": job.error,
-        "worker": job.worker_id,
+        "worker": job.worker_id, "tuned_device": job.tuned_device,
         "created_at": job.created_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "history": [{"status": e.status, "at": e.at.isoformat(), "worker": e.worker_id,

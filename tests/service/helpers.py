@@ -92,13 +92,14 @@ def start_api(tmp: Path, port: int, timeout: float = 60, **env: str) -> tuple[Pr
 
 
 def start_worker(tmp: Path, name: str, delay: float | None = None, die: bool = False,
-                 **env: str) -> Proc:
-    """Start `kiln worker --device cpu`, or with `delay` the stand-in build worker (which
-    with `die` exits abruptly inside every build)."""
+                 device: str = "cpu", **env: str) -> Proc:
+    """Start `kiln worker --device cpu`, or with `delay` the stand-in worker (which with
+    `die` exits abruptly inside every job): a build worker, or with `device` cuda:N a fake
+    GPU worker for `cuda-sm_90` whose stand-in tuner reports that device."""
     if delay is None:
         return Proc(["worker", "--device", "cpu"], service_env(**env), tmp / f"worker-{name}.log")
-    return Proc(["--delay", str(delay), *(["--die"] if die else [])], service_env(**env),
-                tmp / f"worker-{name}.log", module="tests.service.worker_proc")
+    return Proc(["--delay", str(delay), "--device", device, *(["--die"] if die else [])],
+                service_env(**env), tmp / f"worker-{name}.log", module="tests.service.worker_proc")
 
 
 def job_dict(ctx: Any, job_id: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def test_tune_returns_a_verified_tuned_schedule_within_budget() -> None:
     )
     assert any(m["verified"] and m["ms"] for m in result.measurements)
     assert result.eager_ms and result.heuristic_ms and result.best_ms
+    assert result.device == "cpu"  # what the timing child reported it ran on
     # The tuned schedule builds (source hashes check) and computes the graph.
     built = compiler.build(graph, result.schedule)
     (out,) = built(*ins)
