@@ -163,6 +163,7 @@ class _Built:
 
     def __init__(self) -> None:
         self.precompiles = 0
+        self.kernels: list[Any] = []  # what a build generated (counted by the client)
 
     def precompile(self, _device: Any) -> int:
         self.precompiles += 1

@@ -40,7 +40,9 @@ def test_a_local_run_then_a_restart_from_the_cache():
     assert lines["now"] == "  now: 2 heuristic"
     assert lines["kernels"] == f"  kernels: {_kernels()} generated"
     assert "fallbacks" not in lines and "plans" not in lines
-    assert lines["time"].startswith("  time: plan lookup ") and "AOTAutograd " in lines["time"]
+    # (a plan lookup leads the line when plans are on; whether one ran depends on the
+    # process's earlier tests, so it is not asserted here)
+    assert lines["time"].startswith("  time: ") and "AOTAutograd " in lines["time"]
     assert "code generation " in lines["time"] and "service" not in lines["time"]
 
     torch._dynamo.reset()
