@@ -294,9 +294,9 @@ class Planner:
             return None
         shape = meta(node).shape
         for group in reversed(groups):
-            members = self.member_sets[group.name]
-            if not all(d in members or position[d] < group.position for d in deps):
+            if not self.follows(group, deps, position):
                 continue
+            members = self.member_sets[group.name]
             reads = self.reads[group.name]
             related = bool(deps & members) or bool(deps & reads) or (
                 kind == "reduction" and group.kind == "reduction"
@@ -309,10 +309,15 @@ class Planner:
             trial = self.trial(group, node, kind, shape, deps)
             if trial is None:
                 continue
-            group.kind, group.domain = trial.kind, trial.domain
-            group.members, group.anchors = trial.members, trial.anchors
+            _take(group, trial)
             return group
         return None
+
+    def follows(self, group: KernelGroup, deps: frozenset[fx.Node],
+                position: dict[fx.Node, int]) -> bool:
+        """Whether everything `deps` names is in `group` or computed before it."""
+        members = self.member_sets[group.name]
+        return all(d in members or position[d] < group.position for d in deps)
 
     def add_member(self, group: KernelGroup, node: fx.Node, deps: frozenset[fx.Node],
                    position: dict[fx.Node, int]) -> None:
@@ -329,14 +334,12 @@ class Planner:
                     self.cut_count[group.name] >= MAX_GROUP_MEMBERS:
                 continue
             deps = self.deps(arg)
-            if not all(d in self.member_sets[group.name] or position[d] < group.position
-                       for d in deps):
+            if not self.follows(group, deps, position):
                 continue
             trial = self.trial(group, arg, self.kinds[arg], meta(arg).shape, deps)
             if trial is None:
                 continue
-            group.kind, group.domain = trial.kind, trial.domain
-            group.members, group.anchors = trial.members, trial.anchors
+            _take(group, trial)
             self.add_member(group, arg, deps, position)
             self.realized.add(arg)
             self.cuts.add(arg)
@@ -428,6 +431,12 @@ class Planner:
                     found.add(arg)
                     todo.append(arg)
         return [n for n in self.nodes if n in found]
+
+
+def _take(group: KernelGroup, trial: KernelGroup) -> None:
+    """`group` as the trial that took a new member made it."""
+    group.kind, group.domain = trial.kind, trial.domain
+    group.members, group.anchors = trial.members, trial.anchors
 
 
 def _producers(nodes: frozenset[fx.Node] | set[fx.Node], position: dict[fx.Node, int]) -> set[int]:

@@ -10,7 +10,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -83,6 +83,19 @@ def test_a_disconnected_client_stops_its_validation(api):
              lambda: f"validation went on after the client left:\n{proc.log()}")
 
 
+def _poll_healthz(url: str, stop: threading.Event, latencies: list[float], pause: float,
+                  each: Callable[[], None] = lambda: None) -> None:
+    """GET /healthz until `stop`, every `pause` s: each answer must be 200, its latency kept
+    (and `each` called after it)."""
+    with httpx.Client(timeout=30) as client:
+        while not stop.is_set():
+            start = time.monotonic()
+            assert client.get(f"{url}/healthz").status_code == 200
+            latencies.append(time.monotonic() - start)
+            each()
+            time.sleep(pause)
+
+
 def test_healthz_answers_fast_under_a_flood_of_expensive_submissions(api):
     _, url = api
     latencies: list[float] = []
@@ -90,12 +103,7 @@ def test_healthz_answers_fast_under_a_flood_of_expensive_submissions(api):
     stop = threading.Event()
 
     def poll() -> None:
-        with httpx.Client(timeout=30) as client:
-            while not stop.is_set():
-                start = time.monotonic()
-                assert client.get(f"{url}/healthz").status_code == 200
-                latencies.append(time.monotonic() - start)
-                time.sleep(0.05)
+        _poll_healthz(url, stop, latencies, pause=0.05)
 
     def submit(i: int) -> None:
         # seconds of CPU each, unbounded; no two share a node (the service's memo would
@@ -139,13 +147,8 @@ def test_four_16mib_junk_bodies_never_stall_healthz_nor_grow_the_api(tmp_path: P
         stop = threading.Event()
 
         def poll() -> None:
-            with httpx.Client(timeout=30) as client:
-                while not stop.is_set():
-                    start = time.monotonic()
-                    assert client.get(f"{url}/healthz").status_code == 200
-                    latencies.append(time.monotonic() - start)
-                    peak_mb.append(_rss_mb(proc.popen.pid))
-                    time.sleep(0.02)
+            _poll_healthz(url, stop, latencies, pause=0.02,
+                          each=lambda: peak_mb.append(_rss_mb(proc.popen.pid)))
 
         def send(body: bytes) -> None:
             with httpx.Client(timeout=60) as client:
