@@ -450,10 +450,12 @@ def _serve_forks(channel: Channel, preload: list[str], control_fd: int) -> None:
             if channel.sock in ready or control in ready and not _fork_one(
                     control, statuses, (wake_r, wake_w), channel):
                 return
-    finally:
+    finally:  # nothing forked here outlives the server
         for pid in statuses:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
+        while statuses:
+            _reap(statuses, block=True)
 
 
 def _fork_one(control: socket.socket, statuses: dict[int, socket.socket],
@@ -486,14 +488,19 @@ def _fork_one(control: socket.socket, statuses: dict[int, socket.socket],
     return True
 
 
-def _reap(statuses: dict[int, socket.socket]) -> None:
+def _reap(statuses: dict[int, socket.socket], block: bool = False) -> None:
+    """Report the status of each child that has ended (`block`: of the first to end)."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:  # none left (their statuses were reported)
+            for sock in statuses.values():
+                sock.close()
+            statuses.clear()
             return
         if pid == 0:
             return
+        block = False
         sock = statuses.pop(pid, None)
         if sock is not None:
             with contextlib.suppress(OSError):
