@@ -1,24 +1,40 @@
-"""The one forkserver the service forks its children from (builds, request intake).
+"""The warm servers the service forks its children from (`compiler.child.ForkServer`).
 
-A process has a single forkserver, and its preload list counts only when the server
-starts: whichever child comes first (a build in the embedded worker, or a submission's
-intake) starts it, so both name the same list here. The server has kiln, torch and Triton
-imported, so a forked child starts in milliseconds with them loaded, and no thread of the
-API or the worker is forked.
+Each has kiln, torch and Triton imported, so a forked child starts in milliseconds with
+them loaded, and no thread of the API or the worker is forked. Two, because Triton reads
+TRITON_INTERPRET when it is imported:
+
+- `checks`: the environment of this process (the CPU worker's and `kiln serve`'s turn the
+  interpreter on): request intake (`service.intake_child`) and the builds of CPU targets,
+  whose kernels are checked on the Triton interpreter.
+- `compiles`: the interpreter off: the builds of CUDA targets, which compile every kernel
+  for the target in the same child (`service.build_child`), and the compile of a tuned
+  schedule (`service.target_compile.compile_schedule`).
+
+A server starts on first use (or `warm`) and ends when this process does: it reads the end
+of its channel, then kills whatever it forked that is still running. `shutdown` ends both
+now (the service stopping).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-from typing import Any
+from compiler.child import ForkServer
 
 PRELOAD = ["service.pipeline", "compiler.lowering.frontend", "compiler.scheduling.heuristics",
            "compiler.runtime.built", "compiler.wire.graph", "compiler.wire.plan", "tuner.verify",
-           "triton.language", "torch._dynamo", "service.intake_child"]
+           "triton.language", "torch._dynamo", "service.intake_child", "service.build_child"]
+
+checks = ForkServer(PRELOAD, name="kiln fork server")
+compiles = ForkServer([*PRELOAD, "tuner.aot"], env={"TRITON_INTERPRET": "0"},
+                      name="kiln compiling fork server")
 
 
-def context() -> Any:
-    """The forkserver context, with the shared preload list."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+def for_target(target_json: dict) -> ForkServer:
+    """The server a build for this target forks from."""
+    return compiles if target_json.get("device_type") == "cuda" else checks
+
+
+def shutdown() -> None:
+    """End both servers and their children (started again on next use)."""
+    checks.close()
+    compiles.close()

@@ -5,34 +5,35 @@ and heap never hold a client's document.
 size: in a thread of the API, one 16 MiB body of 8M numbers stalled `/healthz` 0.9 s (the
 GIL is not given back inside the C parser), and four senders of 16 MiB bodies of small
 objects grew the API from 508 to 1166 MB. Each request the intake admits
-(`service.intake.IntakeLimiter`) gets a fresh child forked from the forkserver
-(`service.forkserver`: kiln and torch loaded, a start in milliseconds), niced below the API,
-with its data segment capped (`KILN_INTAKE_MEMORY_MB`) and its wall time too (the parse
-budget, `KILN_INTAKE_BUDGET_S`: past it the child is killed), and killed when the client
-goes away. The body goes down a pipe as bytes and answers come back as JSON, never pickle;
-the child is killed once it has answered, so what it decoded goes back to the system.
+(`service.intake.IntakeLimiter`) gets a fresh child forked from the warm server
+(`service.forkserver.checks`: kiln and torch loaded, a start in milliseconds), niced below
+the API, with its data segment capped (`KILN_INTAKE_MEMORY_MB`) and its wall time too (the
+parse budget, `KILN_INTAKE_BUDGET_S`: the child's deadline, past which it is killed), and
+killed when the client goes away (`compiler.child`). The body goes down as raw bytes and
+answers come back as JSON, never pickle; the child is killed once it has answered, so what
+it decoded goes back to the system.
 
-The conversation, one `send_bytes` per message:
-  API:   {"task": "submission" | "plan", "env": {KILN_* of the API}}, then the body
+This child answers the submitter before a job is queued: it decodes, names and validates
+the graph (on meta tensors) so that a bad graph is a 4xx now. The job's build parses the
+stored graph again in its own child (`service.build_child`), possibly on another host.
+
+The conversation, one message each:
+  API:   {"task": "submission" | "plan", "env": {KILN_* of the API}}, then the body (bytes)
   child: {"ok": result} or {"error": {"status", "code", "message"}}
 and for a submission (result: the `Submission`'s fields), once the API knows whether the
 service holds its graph already:
-  API:   b"validate" (run its ops on meta tensors) or b"done"
+  API:   "validate" (run its ops on meta tensors) or "done"
   child: {"ok": null} or {"error": ...}
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import resource
-import time
 from dataclasses import asdict
-from multiprocessing.connection import Connection
 from typing import Any
 
+from compiler.child import Channel, ChildDied, ChildTimeout, Limits, MessageTooLarge
 from service import forkserver
 from service.errors import ApiError
 
@@ -50,13 +51,9 @@ class IntakeChild:
     def __init__(self, memory_bytes: int, budget_s: float) -> None:
         self.memory_bytes, self.budget_s = memory_bytes, budget_s
         self.cancelled = False
-        ctx = forkserver.context()
-        self._conn, child_end = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=_serve, name="kiln-intake", daemon=True,
-                                 args=(child_end, memory_bytes))
-        self._proc.start()
-        child_end.close()  # the child holds the only other end: its death reads as EOF
-        self._deadline = time.monotonic() + budget_s
+        self._proc = forkserver.checks.start(
+            "service.intake_child:_serve", [memory_bytes], name="intake",
+            limits=Limits(memory_bytes=memory_bytes, nice=NICE), deadline_s=budget_s)
 
     def submission(self, body: bytes) -> dict[str, Any]:
         """The `Submission` fields of a `POST /v1/graphs` body (`service.intake.read_submission`:
@@ -66,25 +63,30 @@ class IntakeChild:
     def finish(self, validate: bool) -> None:
         """Validate the submission's graph (`service.intake.validate_graph`), or not when the
         service holds it already."""
-        self.ask(b"validate" if validate else b"done")
+        self.ask("validate" if validate else "done")
 
     def plan(self, body: bytes) -> dict[str, str]:
         """A kiln.plan/1 body's `key`, `kind` and canonical `text`, checked as data."""
         return self.ask(_header("plan"), body)
 
-    def ask(self, *messages: bytes) -> Any:
-        """Send `messages`, then wait for the child's answer within the budget."""
+    def ask(self, *messages: Any) -> Any:
+        """Send `messages` (bytes go as bytes, the rest as JSON), then wait for the child's
+        answer within the budget."""
         try:
             for message in messages:
-                self._conn.send_bytes(message)
-            if not self._conn.poll(max(0.0, self._deadline - time.monotonic())):
-                self.kill()
-                raise ApiError(422, "intake_budget", f"decoding and validating this body took "
-                               f"longer than its budget of {self.budget_s:g} s "
-                               "(KILN_INTAKE_BUDGET_S)")
-            reply = json.loads(self._conn.recv_bytes())
-        except (EOFError, OSError):
-            raise self._gone() from None
+                if isinstance(message, bytes):
+                    self._proc.send_bytes(message)
+                else:
+                    self._proc.send(message)
+            reply = self._proc.recv()
+        except ChildTimeout:
+            raise ApiError(422, "intake_budget", f"decoding and validating this body took "
+                           f"longer than its budget of {self.budget_s:g} s "
+                           "(KILN_INTAKE_BUDGET_S)") from None
+        except MessageTooLarge as exc:
+            raise ApiError(413, "too_large", f"this body is too large for the intake: {exc}") from None
+        except ChildDied as died:
+            raise self._gone(died.exitcode) from None
         if "error" in reply:
             error = reply["error"]
             raise ApiError(error["status"], error["code"], error["message"])
@@ -93,23 +95,15 @@ class IntakeChild:
     def cancel(self) -> None:
         """The client went away: stop the child now (a waiting `ask` raises `cancelled`)."""
         self.cancelled = True
-        self.kill()
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self._proc.kill()
+        self._proc.kill()
 
     def close(self) -> None:
         """Kill the child (it has answered, or is no longer wanted) and reap it."""
-        self.kill()
-        self._proc.join(5)
-        self._conn.close()
+        self._proc.close()
 
-    def _gone(self) -> ApiError:
+    def _gone(self, code: int | None) -> ApiError:
         if self.cancelled:
             return ApiError(400, "cancelled", "the client went away; validation stopped")
-        self._proc.join(5)
-        code = self._proc.exitcode
         if self.memory_bytes and code is not None and code < 0:
             return ApiError(413, "too_large", f"decoding this body was stopped (signal {-code}) "
                             f"within the intake's memory limit of {self.memory_bytes >> 20} MB "
@@ -120,33 +114,23 @@ class IntakeChild:
 
 # ---- in the child --------------------------------------------------------------------------
 
-def _serve(conn: Connection, memory_bytes: int) -> None:
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
-    if memory_bytes:
-        resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
-    with contextlib.suppress(EOFError, BrokenPipeError):  # the API no longer wants an answer
-        _answer(conn, memory_bytes)
-    conn.close()
-
-
-def _answer(conn: Connection, memory_bytes: int) -> None:
-    header = json.loads(conn.recv_bytes())
+def _serve(channel: Channel, memory_bytes: int) -> None:
+    header = channel.recv()
     _adopt_env(header["env"])
     try:
         if header["task"] == "plan":
-            conn.send_bytes(_ok(_plan(conn.recv_bytes())))
+            channel.send(_ok(_plan(channel.recv_bytes())))
         else:
-            _submission(conn)
+            _submission(channel)
     except ApiError as exc:
-        conn.send_bytes(_error(exc.status, exc.code, exc.message))
+        channel.send(_error(exc.status, exc.code, exc.message))
     except MemoryError:
-        conn.send_bytes(_out_of_memory(memory_bytes))
+        channel.send(_out_of_memory(memory_bytes))
     except Exception as exc:  # noqa: BLE001 - reported to the API, which logs it
         if any(mark in str(exc) for mark in _OUT_OF_MEMORY):
-            conn.send_bytes(_out_of_memory(memory_bytes))
+            channel.send(_out_of_memory(memory_bytes))
         else:
-            conn.send_bytes(_error(500, "internal_error", f"{type(exc).__name__}: {exc}"[:500]))
+            channel.send(_error(500, "internal_error", f"{type(exc).__name__}: {exc}"[:500]))
 
 
 def _adopt_env(env: dict[str, str]) -> None:
@@ -157,14 +141,14 @@ def _adopt_env(env: dict[str, str]) -> None:
     os.environ.update(env)
 
 
-def _submission(conn: Connection) -> None:
+def _submission(channel: Channel) -> None:
     from service.intake import read_submission, validate_graph
 
-    sub, graph = read_submission(conn.recv_bytes())
-    conn.send_bytes(_ok(asdict(sub)))
-    if conn.recv_bytes() == b"validate":
+    sub, graph = read_submission(channel.recv_bytes())
+    channel.send(_ok(asdict(sub)))
+    if channel.recv() == "validate":
         validate_graph(graph)
-    conn.send_bytes(_ok(None))
+    channel.send(_ok(None))
 
 
 def _plan(body: bytes) -> dict[str, str]:
@@ -180,19 +164,19 @@ def _plan(body: bytes) -> dict[str, str]:
     return {"key": plan.key, "kind": plan.kind, "text": plan_text(plan)}
 
 
-def _ok(result: Any) -> bytes:
-    return json.dumps({"ok": result}).encode()
+def _ok(result: Any) -> dict[str, Any]:
+    return {"ok": result}
 
 
-def _error(status: int, code: str, message: str) -> bytes:
-    return json.dumps({"error": {"status": status, "code": code, "message": message}}).encode()
+def _error(status: int, code: str, message: str) -> dict[str, Any]:
+    return {"error": {"status": status, "code": code, "message": message}}
 
 
-def _out_of_memory(memory_bytes: int) -> bytes:
+def _out_of_memory(memory_bytes: int) -> dict[str, Any]:
     return _error(413, "too_large", f"decoding this body needs more memory than the intake's "
                   f"limit of {memory_bytes >> 20} MB (KILN_INTAKE_MEMORY_MB)")
 
 
-def _header(task: str) -> bytes:
+def _header(task: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k.startswith("KILN_")}
-    return json.dumps({"task": task, "env": env}).encode()
+    return {"task": task, "env": env}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service import metrics
-from service.target_compile import compile_schedule
+from service.target_compile import TargetCompile, compile_kernels, compile_schedule
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +83,18 @@ def _check_on_interpreter(graph: Any, built: Any) -> None:
 
 
 def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: int,
-                  max_build_cost: int = 0) -> Outcome:
-    """Lower, fuse and generate the heuristic schedule's kernels for the target, once the
-    graph's price (`compiler.lowering.budget`) is within `max_build_cost` (0: no limit;
-    past it `BuildRefused`, before any lowering). For a CPU
-    target whose every tensor (intermediates included) is small, check the build's outputs
-    on the Triton interpreter; a larger one is published unchecked, with the reason in the
-    note. The part of a build that `service.build_child` runs in a child process."""
+                  max_build_cost: int = 0, compiling: Callable[[], None] | None = None) -> Outcome:
+    """The whole heuristic build, in this process: parse the graph, then once its price
+    (`compiler.lowering.budget`) is within `max_build_cost` (0: no limit; past it
+    `BuildRefused`, before any lowering), lower, fuse and generate the heuristic schedule's
+    kernels for the target. For a CPU target whose every tensor (intermediates included)
+    is small, check the build's outputs on the Triton interpreter; a larger one is published
+    unchecked, with the reason in the note. For a CUDA target, compile every kernel for its
+    architecture (`service.target_compile.compile_kernels`; `compiling` is called first):
+    each kernel's compile facts and the binaries go into the outcome, and a kernel that does
+    not compile or fit raises `TargetCompileError`. A CUDA target needs a process whose
+    Triton was imported with the interpreter off: `service.build_child` runs this in a
+    child forked from such a server, the graph parsed, lowered and built once per job."""
     import compiler
     from compiler.lowering import budget
 
@@ -98,6 +103,7 @@ def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: i
     target = compiler.Target.from_json(target_json)
     built = compiler.build(graph, compiler.heuristic_schedule(graph, target))
     note = "heuristic build"
+    compiled = None
     if target.device_type == "cpu":
         refusal = interpreter_refusal(graph, interpret_max_numel)
         if refusal is None:
@@ -105,36 +111,22 @@ def build_kernels(wire: str, target_json: dict[str, Any], interpret_max_numel: i
             note = "heuristic build, checked on the Triton interpreter"
         else:
             note = f"heuristic build, not checked on the Triton interpreter: {refusal}"
-    return Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built), note=note)
-
-
-def _add_compiled(wire: str, target_json: dict[str, Any], outcome: Outcome) -> int | None:
-    """For a CUDA target, compile every kernel of `outcome` for its architecture: each
-    kernel's compile facts and the binaries go into `outcome`; how many kernels compiled,
-    None when there is nothing to compile (another target, or ATen calls only). Raises
-    `TargetCompileError` when one does not compile or fit, before changing `outcome`."""
-    if target_json.get("device_type") != "cuda" or not outcome.kernels:
-        return None
-    with metrics.timed("target_compile"):
-        compiled = compile_schedule(wire, outcome.schedule)
-    for kernel in outcome.kernels:
-        kernel["compiled"] = compiled.facts.get(kernel["name"])
-    outcome.binaries = compiled.binaries
-    return len(compiled.facts)
-
-
-def compile_for_target(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:
-    """For a CUDA target, compile every kernel of a built outcome for its architecture and
-    keep the compile facts (raises `TargetCompileError` when one does not compile or fit)."""
-    compiled = _add_compiled(wire, target_json, outcome)
+    elif target.device_type == "cuda" and built.kernels:
+        if compiling is not None:
+            compiling()
+        compiled = compile_kernels(built, target)
+        note = f"heuristic build, {len(compiled.facts)} kernels compiled for {target.arch}"
+    outcome = Outcome(schedule=built.schedule.to_json(), kernels=_kernels(built), note=note)
     if compiled is not None:
-        outcome.note = f"heuristic build, {compiled} kernels compiled for {target_json.get('arch')}"
+        _attach(outcome, compiled)
     return outcome
 
 
-def build_heuristic(wire: str, target_json: dict[str, Any], interpret_max_numel: int) -> Outcome:
-    """The whole heuristic build in this process: `build_kernels`, then `compile_for_target`."""
-    return compile_for_target(wire, target_json, build_kernels(wire, target_json, interpret_max_numel))
+def _attach(outcome: Outcome, compiled: TargetCompile) -> None:
+    """A target compile's facts onto `outcome`'s kernels, and its binaries."""
+    for kernel in outcome.kernels:
+        kernel["compiled"] = compiled.facts.get(kernel["name"])
+    outcome.binaries = compiled.binaries
 
 
 def tune(wire: str, target_json: dict[str, Any], trials: int, seconds: float,
@@ -188,11 +180,15 @@ def _changed_kernels(result: Any) -> int:
 
 def _with_binaries(wire: str, target_json: dict[str, Any], outcome: Outcome) -> Outcome:
     """A tuned CUDA schedule's kernel binaries and compile facts (what the heuristic build
-    gets from `compile_for_target`; both through `_add_compiled`), so that a client on a hit
-    compiles nothing. The tuner compiled the winners already (mostly hits in Triton's
-    cache); a failure here keeps the tuned schedule, without binaries (clients compile them)."""
+    gets in its child), compiled in a child of their own (`compile_schedule`), so that a
+    client on a hit compiles nothing. The tuner compiled the winners already (mostly hits
+    in Triton's cache); a failure here keeps the tuned schedule, without binaries (clients
+    compile them)."""
+    if target_json.get("device_type") != "cuda" or not outcome.kernels:
+        return outcome
     try:
-        _add_compiled(wire, target_json, outcome)
+        with metrics.timed("target_compile"):
+            _attach(outcome, compile_schedule(wire, outcome.schedule))
     except Exception as exc:  # noqa: BLE001 - binaries are an optimisation
         log.warning("no binaries for the tuned schedule: %s: %s", type(exc).__name__, exc)
     return outcome

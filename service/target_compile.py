@@ -12,28 +12,29 @@ too, under the Triton cache key a client's JIT computes for the launch (the comp
 specialises every launch as the client's `Built.precompile` does): the worker stores them
 (`service.store.binaries`) and clients fetch them instead of compiling.
 
-The compile runs in a spawned process with the interpreter off (`compile_schedule`): a
-process that imported Triton under TRITON_INTERPRET=1, as the CPU worker does to check CPU
-targets, has interpreted `tl.max`/`tl.sum` helpers and cannot compile for a real GPU. The
-process lives on across jobs; it rebuilds the graph from the wire JSON and the schedule,
-whose source hashes make sure it compiles exactly the kernels that are published.
+A heuristic build compiles its kernels in its own child (`service.build_child`, which runs
+`compile_kernels` right after building: the graph is parsed and built once). A tuned
+schedule's kernels are compiled by `compile_schedule`, in a child forked from the
+compiling fork server (`service.forkserver.compiles`): a process that imported Triton under
+TRITON_INTERPRET=1, as the CPU worker does to check CPU targets, has interpreted
+`tl.max`/`tl.sum` helpers and cannot compile for a real GPU, and a GPU worker's own process
+may hold a CUDA context, which a fork must not copy. That child rebuilds the graph from the
+wire JSON and the schedule, whose source hashes make sure it compiles exactly the kernels
+that are published. Binaries travel back as raw bytes messages (`send_binaries`), never
+pickle.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import os
-import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.child import Channel, Child, ChildDied, ChildTimeout, Limits
+from service import forkserver
+
 COMPILE_TIMEOUT_S = 900.0  # every kernel of one graph; past it the process is killed
-_pool: ProcessPoolExecutor | None = None
-_pool_lock = threading.Lock()
+COMPILE_NICE = 10  # as a build's child: the API's requests win a core from a compile
 
 
 class TargetCompileError(ValueError):
@@ -54,78 +55,59 @@ class TargetCompile:
 def compile_schedule(wire: str, schedule: dict[str, Any],
                      timeout_s: float = COMPILE_TIMEOUT_S) -> TargetCompile:
     """Compile every kernel of `schedule` (JSON, source hashes filled, for a CUDA target)
-    for its target, in the compile process: the compile facts and binaries. Raises
+    for its target, in a child: the compile facts and binaries. Raises
     `TargetCompileError` when a kernel does not compile or fit, RuntimeError when the
-    compile process dies or runs past `timeout_s` (the worker retries those)."""
-    future = _compile_pool().submit(_compile_in_child, wire, json.dumps(schedule))
+    child dies or runs past `timeout_s` (the worker retries those)."""
+    proc = forkserver.compiles.start("service.target_compile:_compile_child",
+                                     name="target-compile", deadline_s=timeout_s,
+                                     limits=Limits(nice=COMPILE_NICE))
     try:
-        verdict, payload = future.result(timeout=timeout_s)
-    except BrokenProcessPool as exc:
-        _drop_pool(kill=False)
-        raise RuntimeError("the target-compile process died while compiling") from exc
-    except FutureTimeout as exc:
-        _drop_pool(kill=True)
+        proc.send(schedule)
+        proc.send_bytes(wire.encode())
+        reply = proc.recv()
+        if "error" in reply:
+            raise TargetCompileError(reply["error"])
+        return TargetCompile(reply["facts"], receive_binaries(proc, reply["binaries"]))
+    except ChildTimeout as exc:
         raise RuntimeError(f"compiling the kernels for the target took over {timeout_s:.0f} s") from exc
-    if verdict == "error":
-        raise TargetCompileError(payload)
-    return payload
+    except ChildDied as exc:
+        raise RuntimeError(f"the target-compile process died while compiling ({exc})") from exc
+    finally:
+        proc.close()
 
 
-def _compile_in_child(wire: str, schedule_text: str) -> tuple[str, Any]:
-    """In the compile process: ("ok", TargetCompile) or ("error", the TargetCompileError's text)."""
+def _compile_child(channel: Channel) -> None:
+    """In the child: rebuild the graph with the schedule and compile it; `{"facts",
+    "binaries"}` then the binaries' files, or `{"error": the TargetCompileError's text}`."""
     import compiler
 
-    schedule = compiler.Schedule.from_json(json.loads(schedule_text))
-    built = compiler.build(compiler.from_wire(wire), schedule)
+    schedule = compiler.Schedule.from_json(channel.recv())
+    built = compiler.build(compiler.from_wire(channel.recv_bytes().decode()), schedule)
     try:
-        return "ok", compile_kernels(built, compiler.Target.from_json(schedule.target))
+        compiled = compile_kernels(built, compiler.Target.from_json(schedule.target))
     except TargetCompileError as exc:
-        return "error", str(exc)
-
-
-def _interpreter_off() -> None:
-    os.environ["TRITON_INTERPRET"] = "0"  # before the child imports Triton
-
-
-def _compile_pool() -> ProcessPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
-                                        initializer=_interpreter_off)
-        return _pool
-
-
-def _drop_pool(kill: bool) -> None:
-    """Forget the compile process (killing it when it hangs); the next job starts another."""
-    global _pool
-    with _pool_lock:
-        pool, _pool = _pool, None
-    if pool is None:
+        channel.send({"error": str(exc)})
         return
-    if kill:  # ProcessPoolExecutor cannot cancel a running task: end its process
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+    channel.send({"facts": compiled.facts, "binaries": binaries_manifest(compiled.binaries)})
+    send_binaries(channel, compiled.binaries)
 
 
-def shutdown(timeout_s: float = 10.0) -> None:
-    """End the compile process (the service stopping), killing it past `timeout_s` (a job
-    still compiling is retried after its lease). Left to exit handlers, it outlived a
-    `kiln serve` stopped by SIGTERM, with its resource tracker: uvicorn ends such a
-    process by raising the signal again once it has shut down, and no exit handler runs."""
-    global _pool
-    with _pool_lock:
-        pool, _pool = _pool, None
-    if pool is None:
-        return
-    processes = list(getattr(pool, "_processes", {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)  # an idle process exits at once
-    for proc in processes:
-        proc.join(timeout_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+def binaries_manifest(binaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The binary records as JSON, each file named but not included (`send_binaries`)."""
+    return [dict(record, files=sorted(record["files"])) for record in binaries]
+
+
+def send_binaries(channel: Channel, binaries: list[dict[str, Any]]) -> None:
+    """Each file of each record, as a bytes message, in the manifest's order."""
+    for record in binaries:
+        for name in sorted(record["files"]):
+            channel.send_bytes(record["files"][name])
+
+
+def receive_binaries(proc: Child, manifest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of a manifest with their files, read from the child."""
+    return [dict(record, files={name: proc.recv_bytes() for name in record["files"]})
+            for record in manifest]
 
 
 def compile_kernels(built: Any, target: Any) -> TargetCompile:

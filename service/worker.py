@@ -59,10 +59,11 @@ class Worker:
 
     `tune_on_cpu=True` makes a CPU worker serve the CPU target's tune stream instead, timing
     candidates on the Triton interpreter (for tests and demos: interpreter times say nothing
-    about GPU speed)."""
+    about GPU speed). `build` stands in for kiln's own build (None: `service.build_child`'s,
+    in a child process with the settings' limits)."""
 
     def __init__(self, ctx: ServiceContext, device: str = "cpu", worker_id: str | None = None,
-                 build: BuildFn = pipeline.build_heuristic, tune: TuneFn = pipeline.tune,
+                 build: BuildFn | None = None, tune: TuneFn = pipeline.tune,
                  queue_class: str | None = None, block_s: float = 1.0,
                  tune_on_cpu: bool = False) -> None:
         self.ctx, self.device, self.block_s = ctx, device, block_s

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from service import target_compile
+from service import forkserver
 from service.api.deps import TokenRoles
 from service.api.limits import BodyDeadlineMiddleware
 from service.api.loopback import BrowserGuardMiddleware
@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
                 worker.stop()
             for worker in workers:
                 worker.join(timeout=30)
-            target_compile.shutdown()  # the embedded worker's compile process, if it started one
+            forkserver.shutdown()  # the fork servers of intake and the embedded worker, if started
             upkeep.join(timeout=10)
             await app.state.reader.close()
 

@@ -15,13 +15,14 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_tune_outcome_on_the_gpu() -> None:
     import compiler
-    from service.pipeline import build_heuristic, tune
+    from service.build_child import build_in_child
+    from service.pipeline import tune
     from tests.corpus import case
 
     c = case("embedding_ce.fwd")  # traced on the CPU: no CPU-only ops (SDPA) in it
     wire = json.dumps(compiler.to_wire(c.gm, c.example_inputs))
     target = compiler.Target.detect("cuda:0").to_json()
-    heuristic = build_heuristic(wire, target, 0)
+    heuristic = build_in_child(wire, target, 0, timeout_s=600, memory_bytes=0)
     fractions: list[float] = []
     out = tune(wire, target, trials=8, seconds=120, device="cuda:0", progress=fractions.append)
     assert fractions and fractions[-1] == 1.0

@@ -14,7 +14,7 @@ import torch
 
 import compiler
 from compiler.lowering.tracing import trace_training
-from service import pipeline, store, target_compile
+from service import build_child, forkserver, pipeline, store
 from service.context import ServiceContext
 from service.intake import parse_submission
 from service.queue import BUILD_STREAM
@@ -35,24 +35,24 @@ def _assert_facts(facts: dict[str, Any], arch: str) -> None:
     assert facts["num_warps"] in (1, 2, 4, 8, 16, 32) and facts["compile_s"] >= 0
 
 
-def test_shutdown_ends_the_compile_process_and_a_later_compile_starts_another() -> None:
-    """`kiln serve` ends its compile process when it stops (service.api.app's lifespan): left
-    to exit handlers, it outlived a serve stopped by SIGTERM, with its resource tracker."""
+def test_shutdown_ends_the_compile_server_and_a_later_compile_starts_another() -> None:
+    """`kiln serve` ends its fork servers when it stops (service.api.app's lifespan)."""
     import os
 
-    child = target_compile._compile_pool().submit(os.getpid).result(timeout=120)
-    assert os.path.exists(f"/proc/{child}")
-    target_compile.shutdown()
-    assert not os.path.exists(f"/proc/{child}")  # ended and reaped
-    target_compile.shutdown()  # none running: nothing to do
-    again = target_compile._compile_pool().submit(os.getpid).result(timeout=120)
-    assert again != child
-    target_compile.shutdown()
+    server = forkserver.compiles.warm()
+    assert os.path.exists(f"/proc/{server}")
+    forkserver.shutdown()
+    assert not os.path.exists(f"/proc/{server}")  # ended and reaped
+    forkserver.shutdown()  # none running: nothing to do
+    again = forkserver.compiles.warm()
+    assert again != server
+    forkserver.shutdown()
 
 
 def test_heuristic_build_for_sm_90_compiles_every_kernel() -> None:
     body = wire_body("gpt_block.fwd", gpu_target())
-    outcome = pipeline.build_heuristic(json.dumps(body["graph"]), body["target"], 0)
+    outcome = build_child.build_in_child(json.dumps(body["graph"]), body["target"], 0,
+                                         timeout_s=600, memory_bytes=0)
     kinds = {k["kind"] for k in outcome.kernels}
     assert {"matmul", "reduction"} <= kinds, kinds
     for k in outcome.kernels:
@@ -65,7 +65,8 @@ def test_heuristic_build_for_sm_90_compiles_every_kernel() -> None:
 
 def test_cpu_target_build_has_no_compile_facts() -> None:
     body = wire_body("mlp.fwd")
-    outcome = pipeline.build_heuristic(json.dumps(body["graph"]), body["target"], 0)
+    outcome = build_child.build_in_child(json.dumps(body["graph"]), body["target"], 0,
+                                         timeout_s=600, memory_bytes=0)
     assert outcome.kernels and all(k["compiled"] is None for k in outcome.kernels)
 
 
