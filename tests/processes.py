@@ -1,6 +1,6 @@
 """Processes a test started and left running: each child a test starts gets a marker in
-its environment, which every process it starts in turn inherits (multiprocessing's spawned
-children and resource tracker included), so those left behind are found by it in /proc
+its environment, which every process it starts in turn inherits (spawned children and
+those forked from kiln's fork servers included), so those left behind are found by it in /proc
 after the test, wherever they were reparented."""
 
 from __future__ import annotations
@@ -54,11 +54,13 @@ def end_left_behind(mark: dict[str, str]) -> dict[int, str]:
 # ---- the whole run: what the test session leaves behind (tests/conftest.py) -----------------
 SESSION_GRACE_S = 5.0  # how long processes ending as the session ends are given to go
 
-# Children of the test process itself that end with it (they read a pipe from it): Python's
-# multiprocessing helpers, and kiln's compile workers and Triton key child (by the code they
-# were started with).
-_ENDS_WITH_PARENT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
-_BOOT_MODULES = ("compiler.runtime.compile_pool", "compiler.runtime.triton_key")
+# Children of the test process itself that end with it (they read a pipe from it), by the
+# code they were started with: Python's multiprocessing resource tracker, kiln's fork
+# servers and Triton key child (`compiler.child` targets, named on the command line), and
+# kiln's compile workers.
+_ENDS_WITH_PARENT = ("multiprocessing.resource_tracker", "compiler.child:_serve_forks",
+                     "compiler.runtime.triton_key:_compute")
+_BOOT_MODULES = ("compiler.runtime.compile_pool",)
 
 
 def _ends_with_this_process(pid: int, cmdline: str) -> bool:

@@ -1,6 +1,7 @@
 """The builder: compile a batch of candidates in parallel before the runner times them.
 
-Workers are spawned processes. Per candidate a worker builds the schedule with that
+Workers are spawned processes (`compiler.child.spawn`), each serving one request at a time:
+the graph travels to a worker once, with its first candidate of that graph. Per candidate a worker builds the schedule with that
 kernel's variant and config (codegen, config validation), then compiles that kernel:
 on a GPU through Triton's JIT `warmup`, which specialises exactly as the runner's launch
 will, so the binary lands in the shared Triton cache and the runner's first launch is a
@@ -13,12 +14,12 @@ compiling fans out. The interpreter (CPU target) compiles nothing.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from compiler import child
 from tuner.records import OUT_OF_RESOURCES, Candidate, canonical
 
 log = logging.getLogger(__name__)
@@ -26,35 +27,38 @@ log = logging.getLogger(__name__)
 # Exceptions that condemn the candidate itself (Triton could not compile or fit it).
 VERDICT_ERRORS = ("CompilationError", "OutOfResources", "PTXASError", "MLIRCompilationError")
 
+COMPILE_TIMEOUT_S = 600.0  # one candidate; past it the workers are stopped and the runner compiles
 _graphs: dict[str, tuple[Any, Any]] = {}  # key -> (compiler.Graph, compiler.Schedule), per worker
 
 
-def _init_worker(device: str) -> None:
-    if device == "cpu":
-        # Ahead-of-time compiles need Triton imported with the interpreter off: under it,
-        # triton.language's own @jit helpers (tl.max, tl.sum) are interpreted functions.
-        os.environ["TRITON_INTERPRET"] = "0"
+def _worker_main(channel: child.Channel, device: str) -> None:
+    """A compile worker: pay the imports (and the CUDA context) before the first batch
+    arrives, then answer `{"key", "candidate", "target"[, "loaded"]}` requests with
+    `_compile_one`'s result, or `{"failed": why}` when the graph itself cannot be loaded."""
+    import triton  # noqa: F401
+
+    import compiler
+
     if device.startswith("cuda:"):
         import torch
 
         torch.cuda.set_device(torch.device(device))
-
-
-def _warm(device: str) -> None:
-    """Pay the imports (and the CUDA context) before the first batch arrives."""
-    import triton  # noqa: F401
-
-    import compiler  # noqa: F401
-
-    if device.startswith("cuda"):
-        import torch
-
         torch.zeros(1, device=device)
+    while True:
+        request = channel.recv()
+        try:
+            if "loaded" in request:
+                graph_json, schedule_json, _seed = request["loaded"]
+                _graphs.clear()
+                _graphs[request["key"]] = (compiler.from_wire(graph_json),
+                                           compiler.Schedule.from_json(schedule_json))
+            reply = _compile_one(device, request["key"], request["candidate"], request["target"])
+        except Exception as exc:  # noqa: BLE001 - the parent compiles serially instead
+            reply = {"failed": f"{type(exc).__name__}: {exc}"[:500]}
+        channel.send(reply)
 
 
-def _compile_one(
-    device: str, key: str, loaded: tuple[dict, dict, int], cand_json: dict, target_json: dict
-) -> dict:
+def _compile_one(device: str, key: str, cand_json: dict, target_json: dict) -> dict:
     """Build the candidate and compile its kernel: JIT warm-up on a GPU (fills the cache the
     runner reads), ahead-of-time for the target elsewhere. An error string or None."""
     import compiler
@@ -62,9 +66,6 @@ def _compile_one(
     from tuner.session import classify, schedule_with
     from tuner.space import limits_for
 
-    if key not in _graphs:
-        _graphs.clear()
-        _graphs[key] = (compiler.from_wire(loaded[0]), compiler.Schedule.from_json(loaded[1]))
     graph, base = _graphs[key]
     cand = Candidate.from_json(cand_json)
     target = compiler.Target.from_json(target_json)
@@ -97,39 +98,37 @@ def default_workers(device: str) -> int:
 
 
 class Builder:
-    """A pool of spawned compile workers for one graph on one device."""
+    """Spawned compile workers for one graph on one device."""
 
     def __init__(self, device: str, workers: int | None = None) -> None:
         self.device = device
         self.workers = default_workers(device) if workers is None else workers
-        self._pool: ProcessPoolExecutor | None = None
+        self._procs: list[child.Child] = []
+        self._keys: list[str] = []  # the graph each worker holds
         self._loaded: tuple[dict, dict, int] | None = None
+        self._target_json: dict = {}
         self._key = ""
         self.verdicts: dict[Candidate, str] = {}  # candidate -> build error found here
         self.prepared: set[Candidate] = set()
 
     def load(self, graph_json: dict, schedule_json: dict, seed: int = 0) -> None:
-        """Set the graph the workers build; the pool itself lives on across graphs."""
+        """Set the graph the workers build; the workers themselves live on across graphs."""
         self._loaded = (graph_json, schedule_json, seed)
         self._target_json = schedule_json.get("target") or {}
         self._key = canonical([graph_json, schedule_json, seed])
         self.verdicts.clear()
         self.prepared.clear()
         if self.workers > 0:
-            # Start the workers and load the graph now, while the runner times the baseline.
-            pool = self._ensure_pool()
-            for _ in range(self.workers):
-                pool.submit(_warm, self.device)
+            self._ensure_workers()  # they import while the runner times the baseline
 
-    def _ensure_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=mp.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(self.device,),
-            )
-        return self._pool
+    def _ensure_workers(self) -> None:
+        if not self._procs:
+            # Ahead-of-time compiles need Triton imported with the interpreter off: under it,
+            # triton.language's own @jit helpers (tl.max, tl.sum) are interpreted functions.
+            self._procs = [child.spawn("tuner.builder:_worker_main", [self.device],
+                                       name="tuner compile worker", env={"TRITON_INTERPRET": "0"})
+                           for _ in range(self.workers)]
+            self._keys = [""] * self.workers
 
     def prepare(self, candidates: list[Candidate]) -> dict[Candidate, str]:
         """Compile the not yet prepared candidates in parallel; the build errors found."""
@@ -138,25 +137,13 @@ class Builder:
             return {}
         found: dict[Candidate, str] = {}
         try:
-            pool = self._ensure_pool()
-            futures = [
-                pool.submit(
-                    _compile_one,
-                    self.device,
-                    self._key,
-                    self._loaded,
-                    c.to_json(),
-                    self._target_json,
-                )
-                for c in todo
-            ]
-            results = [f.result() for f in futures]
-        except BrokenProcessPool as exc:
-            # A compile crashed a worker: let the runner meet each candidate on its own.
+            results = self._compile_all(todo)
+        except child.ChildError as exc:
+            # A compile crashed or hung a worker: let the runner meet each candidate on its own.
             log.warning("a compile worker died (%s); the runner will measure these itself", exc)
             self.close()
             return {}
-        except Exception as exc:  # loading the graph in a worker failed: compile serially
+        except RuntimeError as exc:  # loading the graph in a worker failed: compile serially
             log.warning("parallel compile failed (%s); the runner compiles instead", exc)
             return {}
         for cand, result in zip(todo, results, strict=True):
@@ -166,11 +153,41 @@ class Builder:
         self.verdicts.update(found)
         return found
 
+    def _compile_all(self, todo: list[Candidate]) -> list[dict]:
+        """`_compile_one`'s result for each candidate, the workers taking them in turn."""
+        self._ensure_workers()
+        results: list[dict] = [{} for _ in todo]
+        pending = list(range(len(todo)))
+        lock = threading.Lock()
+
+        def serve(worker: int) -> None:
+            proc = self._procs[worker]
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    index = pending.pop(0)
+                request = {"key": self._key, "candidate": todo[index].to_json(),
+                           "target": self._target_json}
+                if self._keys[worker] != self._key:
+                    request["loaded"] = self._loaded
+                    self._keys[worker] = self._key
+                proc.send(request)
+                results[index] = proc.recv(COMPILE_TIMEOUT_S)
+                if "failed" in results[index]:
+                    self._keys[worker] = ""
+                    raise RuntimeError(results[index]["failed"])
+
+        with ThreadPoolExecutor(len(self._procs)) as pool:
+            for done in [pool.submit(serve, w) for w in range(len(self._procs))]:
+                done.result()
+        return results
+
     def close(self) -> None:
         """Stop the workers."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        procs, self._procs, self._keys = self._procs, [], []
+        for proc in procs:
+            proc.close(grace_s=5)
 
 
 def precompile(
@@ -183,16 +200,15 @@ def precompile(
     """Compile candidates for a GPU target on CPU workers: each candidate's error, or None.
 
     This is the CPU worker's half of tuning: it needs no GPU, catches what cannot compile or
-    does not fit the target's shared memory, and leaves timing to a GPU worker.
+    does not fit the target's shared memory, and leaves timing to a GPU worker. Always in
+    spawned workers: a process that has run kernels in the Triton interpreter has
+    triton.language patched for it, and no longer compiles for a real GPU.
     """
-    loaded = (graph_json, schedule_json, 0)
-    key = canonical([graph_json, schedule_json])
-    args = [("cpu", key, loaded, c.to_json(), target.to_json()) for c in candidates]
-    # Always in spawned workers: a process that has run kernels in the Triton interpreter
-    # has triton.language patched for it, and no longer compiles for a real GPU.
-    with ProcessPoolExecutor(
-        max_workers=max(1, workers), mp_context=mp.get_context("spawn"),
-        initializer=_init_worker, initargs=("cpu",),
-    ) as pool:
-        results = list(pool.map(_compile_one, *zip(*args, strict=True)))
+    builder = Builder("cpu", max(1, workers))
+    try:
+        builder.load(graph_json, schedule_json)
+        builder._target_json = target.to_json()
+        results = builder._compile_all(candidates)
+    finally:
+        builder.close()
     return {c: r["error"] for c, r in zip(candidates, results, strict=True)}

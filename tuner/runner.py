@@ -1,8 +1,8 @@
 """The runner: a long-lived spawned child per device that builds, verifies and times candidates.
 
-As in Inductor's autotune_process, the child is spawned (never forked: CUDA may already be
-initialised here), requests carry JSON (graph, schedule, candidate), never tensors or
-pickles, and each candidate has its own timeout. A child that crashes, hangs past the
+As in Inductor's autotune_process, the child is spawned (`compiler.child.spawn`; never
+forked: CUDA may already be initialised here), requests carry JSON (graph, schedule,
+candidate), never tensors or pickles, and each candidate has its own timeout. A child that crashes, hangs past the
 timeout or hits a CUDA fault is killed and respawned (the graph reloaded); the candidate
 gets a measurement with the reason, and the tuner carries on.
 
@@ -12,15 +12,14 @@ testable without a GPU.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import importlib
 import logging
-import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import Any
 
+from compiler import child
 from tuner import records
 from tuner.builder import Builder
 from tuner.records import Candidate, Measurement
@@ -34,24 +33,22 @@ DEFAULT_TIMEOUT_S = 120.0
 FaultHook = Callable[[dict[str, Any]], None]
 
 
-def _child_main(conn: Connection, device: str, fault_hook: FaultHook | None) -> None:
-    """Serve requests until told to stop; any uncaught problem ends the process (parent respawns)."""
-    # Spawned children inherit the parent's environment, and `kiln serve` turns the
-    # interpreter on for its CPU checks: a GPU child must never time interpreted kernels.
-    os.environ["TRITON_INTERPRET"] = "1" if device == "cpu" else "0"
+def _child_main(channel: child.Channel, device: str, fault_hook_name: str | None) -> None:
+    """Serve requests until told to stop (or the channel ends); any uncaught problem ends
+    the process (the parent respawns it)."""
     from tuner.session import CudaFault, TrialSession, describe_exception
 
+    fault_hook = None
+    if fault_hook_name is not None:
+        module, _, name = fault_hook_name.partition(":")
+        fault_hook = getattr(importlib.import_module(module), name)
     session = TrialSession(device)
     if device.startswith("cuda:"):
         import torch
 
         torch.cuda.set_device(torch.device(device))
     while True:
-        try:
-            raw = conn.recv_bytes()
-        except EOFError:
-            return
-        request = json.loads(raw)
+        request = channel.recv()
         verb = request.get("verb")
         try:
             if verb == "stop":
@@ -69,11 +66,11 @@ def _child_main(conn: Connection, device: str, fault_hook: FaultHook | None) -> 
                 reply = {"error": f"{records.RUN_ERROR}: unknown request {verb!r}"}
         except CudaFault as exc:
             # The CUDA context may be poisoned: answer, then exit so the parent respawns us.
-            conn.send_bytes(json.dumps({"error": str(exc), "restart": True}).encode())
+            channel.send({"error": str(exc), "restart": True})
             return
         except Exception as exc:
             reply = {"error": f"{records.RUN_ERROR}: {describe_exception(exc)[:500]}"}
-        conn.send_bytes(json.dumps(reply).encode())
+        channel.send(reply)
 
 
 def _device_in_use(device: str) -> str:
@@ -97,9 +94,9 @@ class ChildDied(RuntimeError):
 class Runner:
     """Times candidates of one graph on one device in a spawned child process.
 
-    `fault_hook` is for tests only: a picklable function the child calls with each
-    candidate before measuring it (to inject a crash). It is fixed when the child starts,
-    so nothing a request carries can reach it.
+    `fault_hook` is for tests only: a module-level function the child imports and calls
+    with each candidate before measuring it (to inject a crash). It is fixed when the child
+    starts, so nothing a request carries can reach it.
     """
 
     def __init__(
@@ -112,23 +109,20 @@ class Runner:
         self.device = device
         self.builder = Builder(device, compile_workers)
         self.timeout_s = timeout_s
-        self._fault_hook = fault_hook
-        self._proc: mp.process.BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._fault_hook = None if fault_hook is None else \
+            f"{fault_hook.__module__}:{fault_hook.__qualname__}"
+        self._proc: child.Child | None = None
         self._loaded: dict[str, Any] | None = None
         self._load_reply: dict[str, Any] = {}
         self.restarts = 0
 
     # -- process management -----------------------------------------------------------------
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(
-            target=_child_main, args=(child, self.device, self._fault_hook), daemon=True
-        )
-        proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
+        # The child inherits this environment, and `kiln serve` turns the interpreter on
+        # for its CPU checks: a GPU child must never time interpreted kernels.
+        interpret = "1" if self.device == "cpu" else "0"
+        self._proc = child.spawn("tuner.runner:_child_main", [self.device, self._fault_hook],
+                                 name="tuner runner", env={"TRITON_INTERPRET": interpret})
         if self._loaded is not None:
             reply = self._call(self._loaded, LOAD_TIMEOUT_S)
             if reply.get("error"):
@@ -136,24 +130,18 @@ class Runner:
             self._load_reply = reply
 
     def _kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
         if self._proc is not None:
-            self._proc.join(timeout=10)
-        if self._conn is not None:
-            self._conn.close()
-        self._proc, self._conn = None, None
+            self._proc.close()
+        self._proc = None
 
     def close(self) -> None:
         """Stop the child (politely, then firmly) and the compile workers."""
         self.builder.close()
-        if self._conn is not None and self._proc is not None and self._proc.is_alive():
-            try:
-                self._conn.send_bytes(json.dumps({"verb": "stop"}).encode())
-                self._proc.join(timeout=5)
-            except (OSError, BrokenPipeError):
-                pass
-        self._kill()
+        if self._proc is not None:
+            with contextlib.suppress(child.ChildError):
+                self._proc.send({"verb": "stop"})
+            self._proc.close(grace_s=5)
+        self._proc = None
 
     def __enter__(self) -> Runner:
         return self
@@ -169,20 +157,16 @@ class Runner:
         """Send one request and wait; a dead or hung child raises ChildDied (and is cleaned up)."""
         if self._proc is None:
             self._start()
-        assert self._conn is not None and self._proc is not None
+        assert self._proc is not None
         try:
-            self._conn.send_bytes(json.dumps(request).encode())
-            if not self._conn.poll(timeout):
-                self._kill()
-                raise ChildDied(records.TIMEOUT, f"no answer within {timeout:g} s; child killed")
-            reply = json.loads(self._conn.recv_bytes())
-        except (EOFError, OSError, BrokenPipeError) as exc:
-            code = None
-            if self._proc is not None:
-                self._proc.join(timeout=5)
-                code = self._proc.exitcode
+            self._proc.send(request)
+            reply = self._proc.recv(timeout)
+        except child.ChildTimeout as exc:
             self._kill()
-            raise ChildDied(records.CRASH, f"child process died (exit code {code})") from exc
+            raise ChildDied(records.TIMEOUT, f"no answer within {timeout:g} s; child killed") from exc
+        except child.ChildDied as exc:
+            self._kill()
+            raise ChildDied(records.CRASH, f"child process died (exit code {exc.exitcode})") from exc
         if reply.get("restart"):
             self._kill()
             self.restarts += 1

@@ -16,25 +16,20 @@ or is late, the key is computed here as before. Torch-free, like the compile wor
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import subprocess
-import sys
 import threading
 
+from compiler.child import Channel, Child, ChildError, spawn
 from compiler.runtime.gil import short_switch_interval
 
 log = logging.getLogger(__name__)
 
 CHILD_TIMEOUT_S = 60.0  # a child slower than this is killed and the key computed here
-_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); import triton; "
-         "from triton.runtime.cache import triton_key; "
-         "print(); print(json.dumps({'file': triton.__file__, 'version': triton.__version__, "
-         "'key': triton_key()}))")  # its own line: whatever an import prints comes before it
+TARGET = "compiler.runtime.triton_key:_compute"  # what the child runs
 
 _lock = threading.Lock()
-_child: subprocess.Popen[bytes] | None = None
+_child: Child | None = None
 _known = False  # Triton's key is cached in this process (computed here or installed)
 
 
@@ -46,10 +41,10 @@ def start() -> None:
         if _known or _child is not None:
             return
         try:
-            _child = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path)],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, env=_child_env())
-        except OSError as exc:
+            # The key does not depend on the interpreter setting; the child only imports Triton.
+            _child = spawn(TARGET, name="Triton key", env={"TRITON_INTERPRET": None},
+                           deadline_s=CHILD_TIMEOUT_S)
+        except ChildError as exc:
             log.debug("no child for Triton's key: %s", exc)
 
 
@@ -75,24 +70,25 @@ def ensure() -> str:
     return cache.triton_key()
 
 
-def _answer(child: subprocess.Popen[bytes]) -> str | None:
+def _compute(channel: Channel) -> None:
+    """In the child: which Triton, and its key."""
+    import triton
+    from triton.runtime.cache import triton_key
+
+    channel.send({"file": triton.__file__, "version": triton.__version__, "key": triton_key()})
+
+
+def _answer(child: Child) -> str | None:
     """The key the child computed, if it is one for this process's Triton; None otherwise."""
     import triton
 
     try:
-        out, _ = child.communicate(timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        log.debug("the child computing Triton's key took over %.0f s", CHILD_TIMEOUT_S)
+        found = child.recv()  # within the child's deadline, past which it is killed
+    except (ChildError, ValueError) as exc:
+        log.debug("no key from the child computing Triton's key: %s", exc)
         return None
-    if child.returncode != 0:
-        log.debug("the child computing Triton's key exited %s", child.returncode)
-        return None
-    try:
-        found = json.loads(out.splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
+    finally:
+        child.close()
     key = found.get("key") if isinstance(found, dict) else None
     if (not isinstance(key, str) or found.get("file") != triton.__file__
             or found.get("version") != triton.__version__ or not key.startswith(triton.__version__)):
@@ -106,11 +102,6 @@ def _returning(key: str):  # noqa: ANN202 - stands in for Triton's own zero-argu
         return key
 
     return triton_key
-
-
-def _child_env() -> dict[str, str]:
-    # The key does not depend on the interpreter setting; the child only imports Triton.
-    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
 def _forget_after_fork() -> None:

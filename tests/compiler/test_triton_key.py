@@ -5,7 +5,6 @@ the key to be computed here; two threads that need it at once compute it once.""
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import time
 
@@ -53,18 +52,31 @@ def test_two_threads_that_need_the_key_at_once_compute_it_once(monkeypatch) -> N
     assert calls == [1]
 
 
-@pytest.mark.parametrize("boot", [
-    "import sys; sys.exit(3)",  # fails
-    "print('not json')",  # answers garbage
-    # names another Triton: its key must not stand for this one's
-    "import json, triton; print(json.dumps({'file': '/elsewhere/triton/__init__.py', "
-    "'version': triton.__version__, 'key': triton.__version__ + '-other'}))",
-])
+def _exits(channel) -> None:  # noqa: ANN001 - child targets (compiler.child)
+    raise SystemExit(3)
+
+
+def _garbage(channel) -> None:  # noqa: ANN001
+    channel.send("not a key")
+
+
+def _another_triton(channel) -> None:  # noqa: ANN001 - its key must not stand for this one's
+    import triton
+
+    channel.send({"file": "/elsewhere/triton/__init__.py", "version": triton.__version__,
+                  "key": triton.__version__ + "-other"})
+
+
+def _late(channel) -> None:  # noqa: ANN001
+    time.sleep(30)
+
+
+@pytest.mark.parametrize("target", ["_exits", "_garbage", "_another_triton"])
 def test_a_child_that_fails_or_names_another_triton_leaves_the_key_to_be_computed_here(
-        monkeypatch, boot: str) -> None:
+        monkeypatch, target: str) -> None:
     calls: list[int] = []
     monkeypatch.setattr(cache, "triton_key", _counting(calls))
-    monkeypatch.setattr(triton_key, "_BOOT", boot + "  # " + json.dumps([]))
+    monkeypatch.setattr(triton_key, "TARGET", f"{__name__}:{target}")
     triton_key.start()
     assert triton_key.ensure() == "computed-here"
     assert calls == [1]
@@ -73,11 +85,11 @@ def test_a_child_that_fails_or_names_another_triton_leaves_the_key_to_be_compute
 def test_a_late_child_is_killed_and_the_key_computed_here(monkeypatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(cache, "triton_key", _counting(calls))
-    monkeypatch.setattr(triton_key, "_BOOT", "import time; time.sleep(30)")
+    monkeypatch.setattr(triton_key, "TARGET", f"{__name__}:_late")
     monkeypatch.setattr(triton_key, "CHILD_TIMEOUT_S", 0.5)
     triton_key.start()
     child = triton_key._child
     started = time.monotonic()
     assert triton_key.ensure() == "computed-here"
     assert time.monotonic() - started < 10
-    assert child is not None and child.poll() is not None  # killed, not left running
+    assert child is not None and child.exitcode is not None  # killed, not left running
