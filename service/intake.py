@@ -154,8 +154,8 @@ async def intake_child(request: Request) -> AsyncIterator[ChildIntake]:
 
 
 def warm_intake(settings: Any) -> None:
-    """Start the forkserver (kiln, torch and Triton imported: seconds) and check one small
-    graph through an intake child, at startup: otherwise the first submissions each wait on
+    """Start the fork server (`service.forkserver.checks`: kiln, torch and Triton imported:
+    seconds) and check one small graph through an intake child, at startup: otherwise the first submissions each wait on
     those imports together, and on an H200 host three of them (a training graph's forward
     and backward, its plan) outlasted their client's 10 s timeout: it built both graphs
     locally, its poller got only one of them to the service before the process ended, and

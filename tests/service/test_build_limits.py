@@ -65,7 +65,7 @@ def test_build_child_past_its_memory_cap_fails_with_the_limit_named():
 
 def test_build_child_past_its_time_limit_is_killed_at_once():
     build_child.build_in_child(json.dumps(full_relu(8)), CPU, 1 << 16, timeout_s=120,
-                               memory_bytes=0)  # the forkserver is up: time only the build
+                               memory_bytes=0)  # the fork server is up: time only the build
     start = time.monotonic()
     with pytest.raises(build_child.BuildLimitError, match="time limit of 1.5 s"):
         # 268M elements summed on the interpreter: minutes, were it not stopped.

@@ -46,7 +46,7 @@ def test_junk_is_refused_with_the_decoders_error() -> None:
 
 
 def test_a_body_past_the_memory_cap_is_413() -> None:
-    # ~320 MB of the data segment are the forkserver's (torch); the lists need more than 80.
+    # ~320 MB of the data segment are the fork server's (torch); the lists need more than 80.
     error = _ask(IntakeChild(400 * MB, 30), SMALL_LISTS)
     assert (error.status, error.code) == (413, "too_large")
     assert "KILN_INTAKE_MEMORY_MB" in error.message
@@ -68,7 +68,7 @@ def test_cancel_stops_the_child_at_once() -> None:
 
 def test_the_child_reads_the_apis_limits_as_they_are_now(monkeypatch: pytest.MonkeyPatch) -> None:
     body = json.dumps(wire_body()).encode()
-    IntakeChild(2048 * MB, 30).close()  # the forkserver runs with the environment of before
+    IntakeChild(2048 * MB, 30).close()  # the fork server runs with the environment of before
     monkeypatch.setenv("KILN_MAX_NODES", "2")
     error = _ask(IntakeChild(2048 * MB, 30), body)
     assert error.status == 422 and "> limit 2" in error.message
