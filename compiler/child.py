@@ -371,20 +371,22 @@ class _StatusWaiter:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.code, self.done = sock, None, False
+        self._lock = threading.Lock()  # a request's thread and a canceller may both wait
 
     def wait(self, timeout: float | None) -> int | None:
-        if self.done:
+        with self._lock:
+            if self.done:
+                return self.code
+            try:
+                if not select.select([self.sock], [], [], timeout)[0]:
+                    return None
+                data = self.sock.recv(_STATUS.size)
+            except OSError:
+                data = b""
+            self.done = True  # the status, or the server gone (the status unknown)
+            self.code = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else None
+            self.sock.close()
             return self.code
-        try:
-            if not select.select([self.sock], [], [], timeout)[0]:
-                return None
-            data = self.sock.recv(_STATUS.size)
-        except OSError:
-            data = b""
-        self.done = True  # the status, or the server gone (the status unknown)
-        self.code = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else None
-        self.sock.close()
-        return self.code
 
 
 # ---- in the child ---------------------------------------------------------------------------
