@@ -204,7 +204,7 @@ class Child:
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:  # no group yet (a child not yet in its own), or all gone
-            if self._waiter.wait(0) is None:
+            if not self._waiter.ended():  # never blocks: a canceller may be an event loop
                 with contextlib.suppress(OSError):
                     os.kill(self.pid, signal.SIGKILL)
 
@@ -359,6 +359,9 @@ class _PopenWaiter:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
 
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
     def wait(self, timeout: float | None) -> int | None:
         try:
             return self.proc.wait(timeout)
@@ -372,6 +375,9 @@ class _StatusWaiter:
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.code, self.done = sock, None, False
         self._lock = threading.Lock()  # a request's thread and a canceller may both wait
+
+    def ended(self) -> bool:
+        return self.done
 
     def wait(self, timeout: float | None) -> int | None:
         with self._lock:
