@@ -271,7 +271,8 @@ def spawn(target: str, args: list[Any] | tuple[Any, ...] = (), *, name: str = "c
 
 
 class ForkServer:
-    """A warm process, started on first use, that forks children with `preload` imported.
+    """A warm process, started on first use, that forks children with `preload` imported
+    (an entry "module:function" is also called: a warm-up every child then inherits).
     `env` updates the server's environment (so every child's) as `spawn` does. Thread-safe;
     a server that died is started again by the next `start`."""
 
@@ -434,11 +435,14 @@ def _run(spec: dict[str, Any], sock: socket.socket, extra_fds: list[int]) -> int
 
 
 def _serve_forks(channel: Channel, preload: list[str], control_fd: int) -> None:
-    """The fork server: import `preload`, say so, then fork one child per request on the
+    """The fork server: import (and call) `preload`, say so, then fork one child per request on the
     control socket (a spec and two descriptors: the child's channel and where its exit
     status goes) until the parent closes its channel; then kill what is still running."""
-    for module in preload:
-        importlib.import_module(module)
+    for entry in preload:  # a module to import, or "module:function" to call
+        module, _, function = entry.partition(":")
+        loaded = importlib.import_module(module)
+        if function:
+            getattr(loaded, function)()
     control = socket.socket(fileno=control_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)

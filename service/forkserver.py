@@ -25,8 +25,8 @@ PRELOAD = ["service.pipeline", "compiler.lowering.frontend", "compiler.schedulin
            "triton.language", "torch._dynamo", "service.intake_child", "service.build_child"]
 
 checks = ForkServer(PRELOAD, name="kiln fork server")
-compiles = ForkServer([*PRELOAD, "tuner.aot"], env={"TRITON_INTERPRET": "0"},
-                      name="kiln compiling fork server")
+compiles = ForkServer([*PRELOAD, "tuner.aot", "service.target_compile:warm_up"],
+                      env={"TRITON_INTERPRET": "0"}, name="kiln compiling fork server")
 
 
 def for_target(target_json: dict) -> ForkServer:

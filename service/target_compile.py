@@ -92,6 +92,16 @@ def _compile_child(channel: Channel) -> None:
     send_binaries(channel, compiled.binaries)
 
 
+def warm_up() -> None:
+    """In the compiling fork server, once: what every compile would otherwise pay in each
+    child, Triton's compiler imports and its cache key of itself (a hash of its sources and
+    its ~500 MB library, part of every compile's key)."""
+    import triton.compiler  # noqa: F401
+    from triton.runtime.cache import triton_key
+
+    triton_key()
+
+
 def binaries_manifest(binaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The binary records as JSON, each file named but not included (`send_binaries`)."""
     return [dict(record, files=sorted(record["files"])) for record in binaries]

@@ -63,3 +63,15 @@ def with_grandchild(channel: Channel) -> None:
 
 def niceness(channel: Channel) -> None:
     channel.send(os.nice(0))
+
+
+_warmed = False  # set in the fork server by `warm_up`, inherited by its children
+
+
+def warm_up() -> None:
+    global _warmed
+    _warmed = True
+
+
+def warmed(channel: Channel) -> None:
+    channel.send(_warmed)

@@ -24,7 +24,7 @@ Start = Callable[..., child.Child]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[child.ForkServer]:
-    fork_server = child.ForkServer([TARGETS], name="test fork server")
+    fork_server = child.ForkServer([f"{TARGETS}:warm_up"], name="test fork server")
     yield fork_server
     fork_server.close()
 
@@ -143,6 +143,13 @@ def test_close_leaves_no_process_behind(start: Start) -> None:
 def test_the_child_runs_niced(start: Start) -> None:
     with start("niceness", name="nice", limits=Limits(nice=5)) as proc:
         assert proc.recv(60) == os.nice(0) + 5
+
+
+def test_a_forked_child_inherits_the_servers_warm_up(server: child.ForkServer) -> None:
+    with server.start(f"{TARGETS}:warmed", name="warmed") as proc:
+        assert proc.recv(60) is True
+    with child.spawn(f"{TARGETS}:warmed", name="cold") as proc:
+        assert proc.recv(60) is False
 
 
 def test_a_closed_server_ends_its_children_and_a_new_one_starts() -> None:
