@@ -6,8 +6,9 @@ imports every package under `triton.compiler` and `triton.backends` (`pkgutil.wa
 0.5-1 s of work, part of every kernel's cache key. Done on a thread of a process whose
 main thread is tracing a model, it holds the GIL and the import locks often enough to slow
 dynamo's tracing by more than it costs itself (measured on this project's CI machine:
-resnet18's trace 1.08 s alone, 1.42-1.86 s beside the hash). A child (`start`) computes it
-on another core instead; `ensure` takes its answer and makes Triton use it, as Triton's own
+resnet18's trace 1.08 s alone, 1.42-1.86 s beside the hash). A child (`start`, spawned
+through `compiler.child` with a deadline of `CHILD_TIMEOUT_S`) computes it on another core
+instead; `ensure` takes its answer and makes Triton use it, as Triton's own
 compile-warmup workers do (`triton._compile_warmup_pool` sets `triton.runtime.cache.triton_key`
 to a function returning the parent's key). The child's key is taken only when it names the
 same Triton package (path and version) as this process; otherwise, or when the child fails
