@@ -63,6 +63,25 @@ def test_heuristic_build_for_sm_90_compiles_every_kernel() -> None:
     assert "compiled for sm_90" in outcome.note
 
 
+def test_a_cuda_build_job_parses_builds_and_compiles_in_one_child(monkeypatch) -> None:
+    """One child from the compiling fork server does the whole job: no second child
+    rebuilds the graph to compile it, and none from the interpreting server."""
+    started: list[tuple[str, str]] = []
+    for name in ("checks", "compiles"):
+        server = getattr(forkserver, name)
+
+        def start(target: str, *args: Any, _real=server.start, _name=name, **kw: Any) -> Any:
+            started.append((_name, target))
+            return _real(target, *args, **kw)
+
+        monkeypatch.setattr(server, "start", start)
+    body = wire_body("mlp.fwd", gpu_target())
+    outcome = build_child.build_in_child(json.dumps(body["graph"]), body["target"], 0,
+                                         timeout_s=600, memory_bytes=4096 << 20)
+    assert started == [("compiles", "service.build_child:_child")]
+    assert outcome.binaries and all(k["compiled"] for k in outcome.kernels if k["kind"] != "aten")
+
+
 def test_cpu_target_build_has_no_compile_facts() -> None:
     body = wire_body("mlp.fwd")
     outcome = build_child.build_in_child(json.dumps(body["graph"]), body["target"], 0,
