@@ -46,27 +46,18 @@ def _config(arch: str, m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat
     return config
 
 
-def test_the_sm90_row_takes_128x128x64_tiles_over_8_warps_4_stages_deep() -> None:
-    assert _config("sm_90", 4096, 4096, 4096) == _cfg(128, 128, 64, 8, 4)
-    assert _config("sm_90a", 4096, 4096, 4096) == _cfg(128, 128, 64, 8, 4)
-    assert _config("sm_90", 8192, 3072, 768) == _cfg(128, 128, 64, 8, 4)
+def test_the_sm90_row_keeps_a_full_waves_tiles_and_shrinks_those_short_of_one() -> None:
+    # At least one wave of 128x128 tiles (132 SMs): the other classes' tiles.
+    assert _config("sm_90", 4096, 4096, 4096) == _cfg(128, 256, 64, 8, 3)
+    assert _config("sm_90a", 4096, 4096, 4096) == _cfg(128, 256, 64, 8, 3)
+    assert _config("sm_90", 16384, 384, 384) == _cfg(128, 128, 64, 4, 3)
+    assert _config("sm_90", 4096, 4096, 4096, torch.float32) == _cfg(128, 64, 32, 4, 2)
+    # 48 tiles: M halves (96 tiles), then N (192), over 4 warps and 4 stages.
+    assert _config("sm_90", 1024, 768, 768) == _cfg(64, 64, 64, 4, 4)
+    assert _config("sm_90", 4096, 384, 1536) == _cfg(64, 128, 64, 4, 4)
     # K of at most three 64-wide steps fills no fourth stage.
-    assert _config("sm_90", 4096, 4096, 192) == _cfg(128, 128, 64, 8, 3)
-    assert _config("sm_90", 4096, 4096, 256)["num_stages"] == 4
-
-
-@pytest.mark.parametrize("m, n, k, batch", [(1024, 768, 768, 1), (256, 1024, 4096, 1),
-                                            (128, 128, 128, 1), (64, 3072, 768, 4)])
-def test_on_sm90_a_product_short_of_one_wave_takes_smaller_tiles(m: int, n: int, k: int,
-                                                                 batch: int) -> None:
-    """Fewer 128x128 tiles than the H200's 132 SMs: tiles halve (N first, to 64) until they
-    cover the SMs or reach 64x64, over 4 warps."""
-    assert batch * cdiv(m, 128) * cdiv(n, 128) < matmul_kind.HOPPER_SMS
-    cfg = _config("sm_90", m, n, k, batch=batch)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    assert bm * bn < 128 * 128 and min(bm, bn) >= min(64, m, n)
-    assert batch * cdiv(m, bm) * cdiv(n, bn) >= matmul_kind.HOPPER_SMS or max(bm, bn) == 64
-    assert cfg["num_warps"] == 4 and cfg["BLOCK_K"] == 64 and cfg["GROUP_M"] == 8
+    assert _config("sm_90", 1024, 768, 192) == _cfg(64, 64, 64, 4, 3)
+    assert _config("sm_90", 1024, 768, 256)["num_stages"] == 4
 
 
 def test_older_gpu_classes_keep_their_row() -> None:

@@ -40,12 +40,15 @@ MAX_ACC_REGISTERS = 128
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
 
 
-# The sm_90 row (H100/H200): 128x128x64 tiles over 8 warps, 4 stages deep (3 when K
-# has at most three 64-wide steps). A product with fewer 128x128 tiles than the GPU has
-# SMs (132 on an H200) leaves SMs idle for the whole kernel, so its tiles halve (N first,
-# not below 64) until the tiles cover the SMs. Grouped launch order (GROUP_M 8, as every
-# row) matters once the tiles outnumber the SMs and run in waves: a wave then shares its
-# operands' blocks in L2; within one wave every tile runs at once and order is moot.
+# The sm_90 row (H100/H200), from the template timed on an H200 (40 bf16 products of
+# 256-16384 tokens, nine tile configs each: compiler/README.md). A product of at least one
+# wave of 128x128 tiles (132 SMs) keeps the other classes' tiles, which were the fastest
+# of the nine or within 3% there; 128x128x64 over 8 warps and 4 stages was 0-15% slower.
+# A product short of one wave leaves SMs idle for the whole kernel: its tiles halve (M
+# first, not below 64) until they cover the SMs, over 4 warps and 4 stages (3 when K has
+# at most three 64-wide steps): 1.02-1.90x the other rule's speed there (geomean 1.36x). Grouped launch
+# order (GROUP_M 8, every row) matters once the tiles outnumber the SMs and run in waves:
+# a wave then shares its operands' blocks in L2; within one wave order is moot.
 HOPPER_SMS = 132
 HOPPER_TILE = 128
 HOPPER_MIN_TILE = 64
@@ -77,17 +80,17 @@ def _ampere(m: int, n: int, k: int, half: bool) -> Config:
 
 def _hopper(batch: int, m: int, n: int, k: int, half: bool) -> Config:
     """The sm_90 row (see HOPPER_SMS)."""
+    if batch * cdiv(m, HOPPER_TILE) * cdiv(n, HOPPER_TILE) >= HOPPER_SMS:
+        return _ampere(m, n, k, half)
     bm = min(HOPPER_TILE, max(16, next_pow2(m)))
     bn = min(HOPPER_TILE, max(16, next_pow2(n)))
-    bk = min(64 if half else 32, max(16, next_pow2(k)))
     while batch * cdiv(m, bm) * cdiv(n, bn) < HOPPER_SMS and max(bm, bn) > HOPPER_MIN_TILE:
-        if bn >= bm:
-            bn //= 2
-        else:
+        if bm >= bn:
             bm //= 2
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
-            "num_warps": 8 if bm * bn >= HOPPER_TILE * HOPPER_TILE else 4,
-            "num_stages": 3 if k <= 3 * 64 else 4}
+        else:
+            bn //= 2
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(64 if half else 32, max(16, next_pow2(k))),
+            "GROUP_M": 8, "num_warps": 4, "num_stages": 3 if k <= 3 * 64 else 4}
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
