@@ -1,6 +1,7 @@
-"""The Triton matmul template's configs per GPU class: the sm_90 row, the shared-memory
-fit every GPU config passes, the tuner's space holding every config the heuristic picks,
-the Hopper configs compiled for sm_90 without a GPU, and run on the interpreter."""
+"""The Triton matmul template's configs per GPU class: the sm_90 row (compiler/README.md
+gives the H200 timings it follows), the shared-memory fit every GPU config passes, the
+tuner's space holding every config the heuristic picks, the Hopper configs compiled for
+sm_90 without a GPU, and run on the interpreter."""
 
 from __future__ import annotations
 
@@ -58,6 +59,21 @@ def test_the_sm90_row_keeps_a_full_waves_tiles_and_shrinks_those_short_of_one() 
     # K of at most three 64-wide steps fills no fourth stage.
     assert _config("sm_90", 1024, 768, 192) == _cfg(64, 64, 64, 4, 3)
     assert _config("sm_90", 1024, 768, 256)["num_stages"] == 4
+
+
+@pytest.mark.parametrize("m, n, k, batch", [(1024, 768, 768, 1), (256, 1024, 4096, 1),
+                                            (128, 128, 128, 1), (64, 3072, 768, 4),
+                                            (4096, 384, 1536, 1)])
+def test_on_sm90_a_product_short_of_one_wave_takes_smaller_tiles(m: int, n: int, k: int,
+                                                                 batch: int) -> None:
+    """Fewer 128x128 tiles than the H200's 132 SMs: tiles halve (M first, to 64) until they
+    cover the SMs or reach 64x64, over 4 warps."""
+    assert batch * cdiv(m, 128) * cdiv(n, 128) < matmul_kind.HOPPER_SMS
+    cfg = _config("sm_90", m, n, k, batch=batch)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    assert bm * bn < 128 * 128 and min(bm, bn) >= min(64, m, n) and bm <= bn
+    assert batch * cdiv(m, bm) * cdiv(n, bn) >= matmul_kind.HOPPER_SMS or max(bm, bn) == 64
+    assert cfg["num_warps"] == 4 and cfg["BLOCK_K"] == 64 and cfg["GROUP_M"] == 8
 
 
 def test_older_gpu_classes_keep_their_row() -> None:

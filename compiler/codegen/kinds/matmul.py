@@ -182,7 +182,8 @@ class MatmulKind(KernelKind):
                             "num_stages": st})
                 for m, n, k, w, st in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
                                        (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
-                                       (128, 128, 64, 8, 4), (64, 256, 64, 4, 4))]
+                                       (128, 128, 64, 8, 4), (64, 256, 64, 4, 4),
+                                       (64, 128, 64, 4, 4), (64, 64, 64, 4, 4))]
 
     def grid(self, group: KernelGroup, variant: str, config: Config) -> tuple[int, ...]:
         sizes = group.sizes
