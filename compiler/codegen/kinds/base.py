@@ -30,7 +30,7 @@ Point = tuple[str, Config]  # (variant, config): one point of a tuning space
 
 
 class BlockLimits(Protocol):
-    """The target's per-block limits that pruning reads (`tuner.space.TargetLimits`)."""
+    """The target's per-block limits that pruning reads (`compiler.codegen.limits.TargetLimits`)."""
 
     shared_memory: int
     max_threads: int
