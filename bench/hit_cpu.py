@@ -5,7 +5,8 @@
 
 On an H200 a fresh client's first step on a service hit is bound, after dynamo, by kiln's
 own CPU work, which the GIL serializes across the forward's and the backward's threads
-(`bench/results/models_hit_preload_h200.json`). This runs that work for real-size graphs on
+(py-spy samples of resnet18 and GPT-2 hits at b383060: `git show
+295b4e6:bench/results/models_hit_preload_h200.json`). This runs that work for real-size graphs on
 the CPU, for an sm_90 target, so that it can be measured where there is no GPU to lend:
 
 1. here: one training step of the model is captured with AOTAutograd (kiln's decomposition

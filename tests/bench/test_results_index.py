@@ -1,0 +1,29 @@
+"""bench/results keeps one current file per suite, each explained once in its README."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+MOST_FILES = 8
+
+
+def _files() -> set[str]:
+    return {p.name for p in RESULTS.glob("*.json")}
+
+
+def test_results_hold_at_most_eight_files_each_valid_json() -> None:
+    files = _files()
+    assert 0 < len(files) <= MOST_FILES, sorted(files)
+    for name in files:
+        json.loads((RESULTS / name).read_text())
+
+
+def test_the_readme_names_each_file_once_under_its_heading_and_no_other() -> None:
+    readme = (RESULTS / "README.md").read_text()
+    headings = re.findall(r"^## `([^`]+)`$", readme, flags=re.MULTILINE)
+    assert sorted(headings) == sorted(_files())
+    named = re.findall(r"[\w.-]+\.json\b", readme)
+    assert sorted(named) == sorted(headings), "a file named in the README outside its heading"
