@@ -1,6 +1,6 @@
-"""The lazy package faces of `compiler`, `compiler.aot` and `tuner`: the names a type checker sees (imported
-under TYPE_CHECKING) are exactly the names that load lazily, each from the same module, and
-importing either package stays cheap."""
+"""The lazy package faces of `compiler`, `compiler.aot` and `tuner`: the names a type checker
+sees (imported under TYPE_CHECKING) are exactly the names that load lazily, each from the
+same module, and importing any of them stays cheap."""
 
 from __future__ import annotations
 

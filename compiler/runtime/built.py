@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from compiler.aot import CompileJob, compile_ahead, import_kernel, source_hash, specialization
 from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.ops import VIEWS
-from compiler.aot import CompileJob, compile_ahead, import_kernel, source_hash, specialization
 from compiler.runtime import cudagraphs, static_launch, triton_key
 from compiler.runtime.execution import (
     Args,

@@ -10,8 +10,8 @@ import pytest
 
 from compiler import aot
 from compiler.aot import ahead
-from compiler.aot.pool import CRASHED, MAX_WORKERS, CompilePool, workers
 from compiler.aot.jobs import CompileJob
+from compiler.aot.pool import CRASHED, MAX_WORKERS, CompilePool, workers
 from tests.compiler.crashing_compile import crash_on_boom
 from tests.compiler.precompile_sm90 import run_module
 

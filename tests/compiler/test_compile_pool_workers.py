@@ -57,7 +57,8 @@ def raising(job) -> str | None:
 
 def test_a_runner_that_raises_or_no_worker_at_all_leaves_the_job_to_the_building_thread(
         monkeypatch) -> None:
-    from compiler.aot import CompileJob, pool as compile_pool
+    from compiler.aot import CompileJob
+    from compiler.aot import pool as compile_pool
     from compiler.aot.pool import CompilePool
 
     jobs = [CompileJob(k, "", "0" * 64, "f", "{}") for k in ("a", "b")]

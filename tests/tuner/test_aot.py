@@ -80,9 +80,9 @@ def test_interpreted_kernels_are_reimported_from_the_built_source_not_the_kernel
     """Under TRITON_INTERPRET=1 the launch's function is interpreted: `launch_specs` gives a
     JIT function made from `built.kernels[i].source`, never from the (writable) kernel dir."""
     import compiler
-    from compiler.runtime import built as runtime
     from compiler.aot import AotUnavailable, launch_specs
     from compiler.aot.target import _compilable
+    from compiler.runtime import built as runtime
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KILN_KERNEL_DIR", str(tmp_path / "k"))
