@@ -173,35 +173,26 @@ def _with_config(gm, inputs, config: dict[str, int]) -> compiler.Schedule:
     return schedule.with_kernel(mm.name, variant="triton", config=config, source_hash=None)
 
 
-def _compile_for_sm90(configs: list[dict[str, int]]) -> list[tuple[int, int]]:
+def _compile_for_sm90(configs: list[dict[str, int]]) -> list[tuple[int, int, bool]]:
     """In a spawned process (Triton imported with the interpreter off): each config of the
-    template, with a bias and GELU epilogue, compiled for sm_90 by `triton.compile`; per
-    config, the shared memory the compiled kernel takes and the warps it runs."""
+    template, with a bias and GELU epilogue, compiled for sm_90 as the service compiles for
+    a target (`compiler.aot.compile_for_target`: the launch as the JIT specialises it on
+    aligned buffers); per config, the compiled kernel's shared memory and warps, and
+    whether the JIT's specialisation was found (without its alignment Triton neither
+    copies asynchronously nor pipelines)."""
     import os
 
     os.environ["TRITON_INTERPRET"] = "0"  # before Triton loads
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from compiler import aot
 
     inputs = _linear_gelu_inputs(1024, 1024, 1024)
     gm = trace(_linear_gelu, *inputs)
-    pointer = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}
     out = []
     for config in configs:
         built = compiler.build(gm, _with_config(gm, inputs, config), inputs)
-        info = next(i for i in built.launches() if "BLOCK_M" in i.constexprs)
-        dtypes = iter(info.arg_dtypes)
-        signature = {name: "constexpr" if name in info.constexprs else pointer[next(dtypes)]
-                     for name in info.fn.arg_names}
-        # Buffers 16-byte aligned, as the JIT specialises torch's allocations: without it
-        # Triton neither copies asynchronously nor pipelines.
-        aligned = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values())
-                   if ty.startswith("*")}
-        compiled = triton.compile(
-            ASTSource(info.fn, signature, constexprs=dict(info.constexprs), attrs=aligned),
-            target=GPUTarget("cuda", 90, 32), options=dict(info.options))
-        out.append((compiled.metadata.shared, compiled.metadata.num_warps))
+        spec = next(s for s in aot.launch_specs(built) if "BLOCK_M" in s.constexprs)
+        compiled, key = aot.compile_for_target(spec, 90)
+        out.append((compiled.metadata.shared, compiled.metadata.num_warps, key is not None))
     return out
 
 
@@ -210,7 +201,8 @@ def test_the_hopper_configs_compile_for_sm90_and_fit_its_shared_memory() -> None
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         compiled = pool.submit(_compile_for_sm90, configs).result(timeout=900)
     limit = gpu_limits("sm_90").shared_memory
-    for config, (shared, warps) in zip(configs, compiled, strict=True):
+    for config, (shared, warps, specialised) in zip(configs, compiled, strict=True):
+        assert specialised, config
         assert 0 < shared <= limit, (config, shared)
         # The fit check counts what Triton allocates on sm_90: one A and one B tile a
         # stage; the epilogue reuses them.
