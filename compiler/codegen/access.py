@@ -1,0 +1,122 @@
+"""Access patterns: where a kernel reads each value, from the op rules' metadata alone.
+
+Every op rule computed at an index declares `reads(node, index)`: the index at which its
+value there reads each input, with the emitter's own index arithmetic (`rules.py`). From
+it come the access pattern of each input (`patterns`) and the one question fusion asks
+of a kernel before it takes a node (`Reads.at_own_index`): does computing the node read
+each of the kernel's anchors (a reduction's result, a matmul's accumulator) only at the
+index where the kernel computes it? An anchor is a variable of the kernel valid at its
+own index alone, so any other read makes the kernel impossible to write. The question is
+answered by following indices through views, lazy values and members, as the Writer
+would, without writing anything.
+
+| pattern | the input is read at |
+|---|---|
+| same | the node's own index |
+| broadcast | the node's index with dims dropped or pinned to 0 (right-aligned broadcast) |
+| reindexed | another arrangement of the node's index (a view, a shift, a flip) |
+| gathered | a position loaded from another tensor (gather, embedding, index) |
+| row-reduced | every element of a row (a reduction's source, a matmul's operands) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import fx
+
+from compiler.codegen import matmul, rules
+from compiler.codegen.common import Index, broadcast_index, dim_names
+from compiler.codegen.reduction import reduction_info
+from compiler.ir import base_name, meta
+
+SAME, BROADCAST, REINDEXED, GATHERED, ROW_REDUCED = (
+    "same", "broadcast", "reindexed", "gathered", "row-reduced")
+
+
+def input_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
+    """Where the value of `node` (a view, or an op computed at an index) at `idx` reads
+    each of its inputs."""
+    reads = rules.RULES[base_name(node)].reads
+    if reads is None:
+        raise ValueError(f"{node.name}: {base_name(node)} is not computed at an index")
+    return reads(node, idx)
+
+
+def patterns(node: fx.Node) -> list[tuple[fx.Node, str]]:
+    """The access pattern of each input `node` reads (see the module's table)."""
+    kind = rules.RULES[base_name(node)].kind
+    if kind == "reduction":
+        return [(reduction_info(node).source, ROW_REDUCED)]
+    if kind == "matmul":
+        bias, a, b, _, _ = matmul.operands(node)
+        found = [] if bias is None else [(bias, _pattern(node, _symbols(node), bias, _bias_index(node)))]
+        return [*found, (a, ROW_REDUCED), (b, ROW_REDUCED)]
+    idx = _symbols(node)
+    return [(arg, _pattern(node, idx, arg, at)) for arg, at in input_reads(node, idx)]
+
+
+def _symbols(node: fx.Node) -> Index:
+    return dim_names("i", meta(node).shape, "i") if meta(node).shape else ()
+
+
+def _bias_index(node: fx.Node) -> Index:
+    bias = matmul.operands(node)[0]
+    return broadcast_index(_symbols(node), meta(node).shape, meta(bias).shape)
+
+
+def _pattern(node: fx.Node, idx: Index, arg: fx.Node, at: Index) -> str:
+    if any("gathered_" in e for e in at):
+        return GATHERED
+    if at == idx and meta(arg).shape == meta(node).shape:
+        return SAME
+    lead = len(idx) - len(at)
+    if lead >= 0 and all(e in ("0", idx[lead + d]) for d, e in enumerate(at)):
+        return BROADCAST
+    return REINDEXED
+
+
+@dataclass
+class Checks:
+    """What fusion's checks cost: checks made, and the members of the kernels they asked about."""
+
+    checks: int = 0
+    members: int = 0
+
+
+@dataclass
+class Reads:
+    """What a kernel kind may ask about a node that would join a kernel, while fusion plans:
+    `is_buffer` (a value in memory: a graph input, an ATen call's result, a member of
+    some kernel), `deps` (the buffers computing the node reads, through lazy values), and
+    the node's `kind` (`rules.NodeKind`: whether it anchors a kernel of its own)."""
+
+    is_buffer: Callable[[fx.Node], bool]
+    deps: frozenset[fx.Node]
+    kind: rules.NodeKind
+    checks: Checks = field(default_factory=Checks)
+
+    def at_own_index(self, start: fx.Node, idx: Index, members: set[fx.Node],
+                     anchors: dict[fx.Node, Index]) -> bool:
+        """Whether computing `start` at `idx` in a kernel of `members` reads each of
+        `anchors` only at its own index (the value there): follows the reads through
+        views, lazy values and members (not through other buffers, which are loaded
+        at any index). Counted in `checks`."""
+        self.checks.checks += 1
+        self.checks.members += len(members)
+        seen: set[tuple[fx.Node, Index]] = set()
+        todo = [(start, idx)]
+        while todo:
+            n, at = todo.pop()
+            if (n, at) in seen:
+                continue
+            seen.add((n, at))
+            if n in anchors:
+                if at != anchors[n]:
+                    return False
+                continue
+            if self.is_buffer(n) and n not in members:
+                continue
+            todo.extend(input_reads(n, at))
+        return True
