@@ -1,32 +1,38 @@
-"""Which nodes become kernels, and which kernels fuse: decided from the graph alone.
+"""Which nodes become kernels, and which kernels fuse: decided from the graph and the op
+registry's metadata alone (no code is generated while planning).
 
-1. classify each node (input, pointwise, view, index, reduction, matmul, extern);
-2. realize: reductions, matmuls, ATen calls, graph outputs and ATen-call arguments get
-   buffers; every other pointwise/view/index node is inlined into the kernels that read it;
+1. classify each node (`rules.node_kind`: input, pointwise, view, index, reduction, matmul,
+   extern), from each op rule's declared refusals;
+2. realize: anchors (reductions, matmuls), ATen calls, graph outputs and the arguments of
+   nodes that read memory get buffers; every other pointwise/view/index node is inlined
+   into the kernels that read it;
 3. group the realized nodes in topological order: a node joins an earlier related kernel
-   over the same domain (pointwise chains, producers into reductions, reductions with
-   their consumers, epilogues into matmuls) when its inputs are ready before that kernel
-   runs and the kernel's kind accepts it (`KernelKind.fits`: what the node reads of the
-   kernel's reductions or matmul result, at their own index; checked by evaluating the
-   node's value alone, no kernel is generated); otherwise it starts a kernel;
+   (it reads the kernel's members or what they read, or, for kinds that join siblings,
+   the same producers) when its inputs are ready before that kernel runs and the kernel
+   registry accepts it (`kinds.fuse`: the shape of the grown kernel from the kind the
+   node anchors or the kind serving the kernel, then each serving kind's `can_fuse`, which
+   follows the node's declared reads to check that it reads every anchor at the anchor's
+   own index, `compiler.codegen.access`); otherwise it starts a kernel (`kinds.start`);
 4. a value that step 3 left inlined into two or more kernels (each would recompute it) is
    realized and the nodes grouped again, unless it is cheap: a few ops reading at most one
    large buffer the graph computes, and not inside another such value. Otherwise a chain
    of them (a transformer's residual stream, x = x + f(x) per layer) would make each
    layer's kernel recompute every layer before it. A realized value joins one kernel like
    any other member, which stores it only when another kernel reads it, so
-   single-consumer fusion (prologues, epilogues) is unchanged.
+   single-consumer fusion (prologues, epilogues) is unchanged;
+5. each kernel records the memory its fusion saves (`KernelGroup.fused_bytes`).
 
-Planning is near-linear in the graph's size. A kernel takes at most MAX_GROUP_MEMBERS
-realized nodes: a join's check evaluates the new member in a frame of the whole group, so
-an unbounded group made a chain of n reductions cost n^2 member evaluations (the 1200-step
-sum/sub chain of issue 30 ran for minutes). A node that a full group refuses reads the lazy
-values it shares with that group from it: they are realized into the full group at once
-(a cut, outside the count), and the round is planned again with them; left lazy, the next
-kernel would recompute the whole chain before it, and every round would move the cut by
-one kernel. Each group's member set and reads are kept as it grows instead of being
-gathered again for every candidate join. `Planner.trials` and `Planner.trial_members`
-count the checks and the members they saw.
+Planning names no node kind or kernel kind: it reads `NodeKind` flags and asks the kernel
+registry. It is near-linear in the graph's size. A kernel takes at most MAX_GROUP_MEMBERS
+realized nodes, so that a chain of n reductions cannot grow one group whose joins each
+look over the whole of it (the 1200-step sum/sub chain of issue 30 ran for minutes). A node
+that a full group refuses reads the lazy values it shares with that group from it: they
+are realized into the full group at once (a cut, outside the count), and the round is
+planned again with them; left lazy, the next kernel would recompute the whole chain
+before it, and every round would move the cut by one kernel. Each group's member set and
+reads are kept as it grows instead of being gathered again for every candidate join.
+`Planner.trials` and `Planner.trial_members` count the kinds' checks of what a joining
+node reads of a kernel's anchors, and the members of the kernels they asked about.
 """
 
 from __future__ import annotations
@@ -305,6 +311,14 @@ class Planner:
         for group in groups:
             group.stored = [m for m in group.members if m in needed]
             group.inlined = self.closure(group)
+            group.fused_bytes = self.fused_bytes(group, needed)
+
+    def fused_bytes(self, group: KernelGroup, needed: set[fx.Node]) -> int:
+        """The memory traffic `group`'s fusion saves: each member another member reads
+        is not read back from memory, nor written when no other step needs it."""
+        members = set(group.members)
+        inside = {d for m in group.members for d in self.deps(m) if d in members}
+        return sum(meta(d).numel * meta(d).dtype.itemsize * (1 if d in needed else 2) for d in inside)
 
     def closure(self, group: KernelGroup) -> list[fx.Node]:
         """Lazy nodes the group's members inline, in topological order."""
