@@ -29,7 +29,7 @@ from torch import fx
 from compiler.codegen import matmul, rules
 from compiler.codegen.common import Index, broadcast_index, dim_names
 from compiler.codegen.reduction import reduction_info
-from compiler.ir import base_name, meta
+from compiler.ir import Domain, KernelGroup, base_name, meta
 
 SAME, BROADCAST, REINDEXED, GATHERED, ROW_REDUCED = (
     "same", "broadcast", "reindexed", "gathered", "row-reduced")
@@ -79,10 +79,19 @@ def _pattern(node: fx.Node, idx: Index, arg: fx.Node, at: Index) -> str:
 
 @dataclass
 class Checks:
-    """What fusion's checks cost: checks made, and the members of the kernels they asked about."""
+    """What fusion's checks cost (checks made, and the members of the kernels they asked
+    about), and what they found. `verified` holds, per kernel and domain, the (node, index)
+    pairs whose reads were followed to the end and found right: a later check of the same
+    kernel stops at them. That holds while the plan's round lasts (the planner clears it
+    with `new_round`): nodes join in graph order, so no later member or anchor is read by
+    a node checked before it, and a value realized later only ends a walk sooner."""
 
     checks: int = 0
     members: int = 0
+    verified: dict[tuple[str, Domain], set[tuple[fx.Node, Index]]] = field(default_factory=dict)
+
+    def new_round(self) -> None:
+        self.verified.clear()
 
 
 @dataclass
@@ -97,26 +106,29 @@ class Reads:
     kind: rules.NodeKind
     checks: Checks = field(default_factory=Checks)
 
-    def at_own_index(self, start: fx.Node, idx: Index, members: set[fx.Node],
-                     anchors: dict[fx.Node, Index]) -> bool:
-        """Whether computing `start` at `idx` in a kernel of `members` reads each of
-        `anchors` only at its own index (the value there): follows the reads through
-        views, lazy values and members (not through other buffers, which are loaded
-        at any index). Counted in `checks`."""
+    def at_own_index(self, group: KernelGroup, start: fx.Node, idx: Index, anchors: set[fx.Node],
+                     natural: Callable[[fx.Node], Index]) -> bool:
+        """Whether computing `start` at `idx` in `group` reads each of `anchors` only at
+        its own index (`natural(anchor)`, where the kernel sets its value): follows the
+        reads through views, lazy values and members (not through other buffers, which
+        are loaded at any index). Counted in `checks`."""
+        members = set(group.members)
         self.checks.checks += 1
         self.checks.members += len(members)
+        verified = self.checks.verified.setdefault((group.name, group.domain), set())
         seen: set[tuple[fx.Node, Index]] = set()
         todo = [(start, idx)]
         while todo:
             n, at = todo.pop()
-            if (n, at) in seen:
+            if (n, at) in seen or (n, at) in verified:
                 continue
             seen.add((n, at))
             if n in anchors:
-                if at != anchors[n]:
+                if at != natural(n):
                     return False
                 continue
             if self.is_buffer(n) and n not in members:
                 continue
             todo.extend(input_reads(n, at))
+        verified |= seen
         return True

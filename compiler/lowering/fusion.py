@@ -60,9 +60,8 @@ def classify(gm: fx.GraphModule) -> dict[fx.Node, NodeKind]:
 def plan_steps(gm: fx.GraphModule) -> tuple[list[Step], set[fx.Node]]:
     """The ordered steps (kernels, ATen calls, views) that compute `gm`, and the set of
     nodes whose values live in buffers."""
-    kinds = classify(gm)
     nodes = list(gm.graph.nodes)
-    planner = Planner(kinds, nodes)
+    planner = Planner(classify(gm), nodes)
     steps = planner.run()
     return steps, planner.sources | planner.realized
 
@@ -160,6 +159,7 @@ class Planner:
         position: dict[fx.Node, int] = dict.fromkeys(self.sources, -1)
         for table in (self.member_sets, self.reads, self.counted, self.cut_count):
             table.clear()
+        self.checks.new_round()
         for node in self.nodes:
             kind = self.kinds[node]
             if node in self.aliases:

@@ -151,7 +151,7 @@ class MatmulKind(KernelKind):
         natural = matmul.output_index(shape)[0]
         m = meta(node).shape
         idx = natural if m == shape else reshape_index(natural, shape, m)
-        return reads.at_own_index(node, idx, set(group.members), {mm: natural})
+        return reads.at_own_index(group, node, idx, {mm}, lambda _: natural)
 
 
 KIND = MatmulKind()

@@ -21,6 +21,7 @@ from typing import Any
 from torch import fx
 
 from compiler.codegen.access import Reads
+from compiler.codegen.common import Index
 from compiler.codegen.kinds.base import (
     MAX_BLOCK_NUMEL,
     WARPS,
@@ -292,16 +293,18 @@ class ReductionKind(KernelKind):
         reduction needs every other member a row or the whole of the domain."""
         dom = group.domain
         xdims, full, rows = frame_indices(dom)
-        infos = {n: reduction_info(n) for n in group.anchors}
-        anchors = {n: reduced_index(info, rows) for n, info in infos.items() if n is not node}
-        members = set(group.members)
-        if node in infos:
+        anchors = set(group.anchors)
+
+        def natural(anchor: fx.Node) -> Index:
+            return reduced_index(reduction_info(anchor), rows)
+
+        if reads.kind.anchor:
             shapes = (dom.shape, *row_shapes(dom))
-            if any(meta(n).shape not in shapes for n in group.members if n not in infos):
+            if any(meta(n).shape not in shapes for n in group.members if n not in anchors):
                 return False
-            return reads.at_own_index(infos[node].source, full, members, anchors)
-        idx = full if meta(node).shape == dom.shape else member_row_index(node, infos, xdims, dom)
-        return reads.at_own_index(node, idx, members, anchors)
+            return reads.at_own_index(group, reduction_info(node).source, full, anchors - {node}, natural)
+        idx = full if meta(node).shape == dom.shape else member_row_index(node, {}, xdims, dom)
+        return reads.at_own_index(group, node, idx, anchors, natural)
 
 
 KIND = ReductionKind()
