@@ -86,9 +86,8 @@ RULES: dict[str, OpRule] = {
     **dict.fromkeys(views.VIEWS, OpRule("view", reads=_view_reads)),
     **{name: OpRule("index", emit, indexing.INDEX_READS[name], indexing.index_refusal)
        for name, emit in indexing.INDEX_OPS.items()},
-    **dict.fromkeys(reduction.OPS, OpRule("reduction", refuse=_refusal_of(reduction.reduction_info))),
-    # decomposed before fusion; one left standing has no kernel
-    **dict.fromkeys(COMPOSITE_REDUCTIONS, OpRule("reduction", refuse=_refusal_of(reduction.reduction_info))),
+    **dict.fromkeys((*reduction.OPS, *COMPOSITE_REDUCTIONS),
+                    OpRule("reduction", refuse=_refusal_of(reduction.reduction_info))),
     **dict.fromkeys(matmul.OPS, OpRule("matmul", refuse=_refusal_of(matmul.check))),
     **dict.fromkeys(ATEN_ONLY, OpRule("aten")),
 }
