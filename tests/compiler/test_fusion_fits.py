@@ -13,9 +13,10 @@ import torch
 from torch import fx
 
 import compiler
-from compiler.codegen import NotFusible, generate_kernel, kinds
+from compiler.codegen import NotFusible, generate_kernel, kinds, writer
 from compiler.codegen.access import Reads
 from compiler.ir import KernelGroup
+from compiler.lowering import fusion
 from compiler.lowering.lower import lower_fx
 from tests.compiler.fusion_plans import graphs
 from tests.compiler.oputil import assert_matches, rand, trace
@@ -76,3 +77,17 @@ def test_a_reduction_does_not_join_a_kernel_whose_members_are_not_rows() -> None
     assert len(kinds_of["pointwise"]) == 2, kinds_of
     built = compiler.build(gm, None, [x])
     assert_matches(built(x), _reshaped_member(x))
+
+
+def test_planning_writes_no_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, a, b = rand((4, 6)), rand((8, 8), seed=1), rand((8, 8), seed=2)
+    lowered = [lower_fx(trace(_reshaped_member, x), [x]), lower_fx(trace(_transposed_epilogue, a, b), [a, b])]
+
+    def no_writer(*args: object, **kwargs: object) -> None:
+        raise AssertionError("fusion planning made a Writer")
+
+    monkeypatch.setattr(writer.Writer, "__init__", no_writer)
+    for program in lowered:
+        steps, _ = fusion.plan_steps(program.gm)
+        planned = [[m.name for m in s.members] for s in steps if isinstance(s, KernelGroup)]
+        assert planned == [[m.name for m in k.members] for k in program.kernels]
