@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from torch import fx
 
 from compiler.codegen import matmul, rules
-from compiler.codegen.common import Index, broadcast_index, dim_names
+from compiler.codegen.common import Index, broadcast_index, dim_names, is_gathered
 from compiler.codegen.reduction import reduction_info
 from compiler.ir import Domain, KernelGroup, base_name, meta
 
@@ -49,25 +49,18 @@ def patterns(node: fx.Node) -> list[tuple[fx.Node, str]]:
     kind = rules.RULES[base_name(node)].kind
     if kind == "reduction":
         return [(reduction_info(node).source, ROW_REDUCED)]
+    shape = meta(node).shape
+    idx = dim_names("i", shape, "i") if shape else ()
     if kind == "matmul":
         bias, a, b, _, _ = matmul.operands(node)
-        found = [] if bias is None else [(bias, _pattern(node, _symbols(node), bias, _bias_index(node)))]
+        found = [] if bias is None else [
+            (bias, _pattern(node, idx, bias, broadcast_index(idx, shape, meta(bias).shape)))]
         return [*found, (a, ROW_REDUCED), (b, ROW_REDUCED)]
-    idx = _symbols(node)
     return [(arg, _pattern(node, idx, arg, at)) for arg, at in input_reads(node, idx)]
 
 
-def _symbols(node: fx.Node) -> Index:
-    return dim_names("i", meta(node).shape, "i") if meta(node).shape else ()
-
-
-def _bias_index(node: fx.Node) -> Index:
-    bias = matmul.operands(node)[0]
-    return broadcast_index(_symbols(node), meta(node).shape, meta(bias).shape)
-
-
 def _pattern(node: fx.Node, idx: Index, arg: fx.Node, at: Index) -> str:
-    if any("gathered_" in e for e in at):
+    if any(is_gathered(e) for e in at):
         return GATHERED
     if at == idx and meta(arg).shape == meta(node).shape:
         return SAME

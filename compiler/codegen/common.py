@@ -86,10 +86,18 @@ def cast(op: object, dtype: torch.dtype) -> str:
     raise Unsupported(f"operand {op!r} is neither a tensor nor a number")
 
 
+_GATHERED = "gathered_"
+
+
 def gathered(name: str) -> str:
     """The position an index op loads from tensor `name` (a gather's index), as the op
     rules declare their reads: a symbol that no kernel's own index equals."""
-    return f"gathered_{name}"
+    return f"{_GATHERED}{name}"
+
+
+def is_gathered(expr: str) -> bool:
+    """Whether an index expression depends on a position loaded from a tensor."""
+    return _GATHERED in expr
 
 
 def dim_names(flat: str, shape: tuple[int, ...], prefix: str) -> Index:
