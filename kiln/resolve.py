@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import compiler
-from compiler.runtime import compile_pool
+from compiler import aot
 from kiln import degrade, progress
 from kiln.binaries import ServiceBinaries
 from kiln.cache import PlanCache, ScheduleCache
@@ -141,7 +141,7 @@ class Resolver:
         degrade.count("kernels", len(built.kernels))
         with degrade.timed("precompile"):
             source = self.binaries()
-            with compile_pool.binary_source(source) as placed:
+            with aot.binary_source(source) as placed:
                 try:
                     built.precompile(entry.device)
                 except Exception as exc:
@@ -151,8 +151,8 @@ class Resolver:
                     # compile here (nothing of theirs stays in Triton's cache or its JIT).
                     degrade.warn_once("binary_load", f"{entry.key[:12]}: {type(exc).__name__}: "
                                                      f"{str(exc)[:200]}")
-                    compile_pool.forget_binaries(placed, [i.fn for i in built.launches()])
-                    with compile_pool.binary_source(None):
+                    aot.forget_binaries(placed, [i.fn for i in built.launches()])
+                    with aot.binary_source(None):
                         built.precompile(entry.device)
         return built
 
