@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,8 @@ import torch
 from torch import fx
 
 from compiler.codegen import matmul
-from compiler.codegen.common import NotFusible
+from compiler.codegen.access import Reads
+from compiler.codegen.common import reshape_index
 from compiler.codegen.kinds.base import (
     BlockLimits,
     Config,
@@ -25,7 +27,7 @@ from compiler.codegen.kinds.base import (
 )
 from compiler.codegen.limits import gpu_limits
 from compiler.codegen.writer import Generated
-from compiler.ir import KernelGroup
+from compiler.ir import Domain, KernelGroup, meta
 from compiler.wire.keys import compute_capability
 
 # The tuning space's domains; clipped per kernel.
@@ -136,7 +138,8 @@ class MatmulKind(KernelKind):
     variants = ("triton",)
     tie_order = variants
     config_keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-    trial_variant = "triton"
+    anchor_op = "matmul"
+    anchor_joins = False  # a matmul starts its kernel: its operands are loaded from memory
 
     def validate(self, variant: str, config: dict[str, Any], sizes: dict[str, int], name: str) -> None:
         validate_keys(self.config_keys, config, name)
@@ -197,13 +200,29 @@ class MatmulKind(KernelKind):
                  comment: list[str], int64: bool) -> Generated:
         return matmul.generate(group, writer(set(group.members), is_buffer, int64), comment)
 
-    def fits(self, group: KernelGroup, node: fx.Node, is_buffer: Callable[[fx.Node], bool]) -> bool:
-        """The epilogue member alone, at its index (no template): see `KernelKind.fits`."""
-        try:
-            matmul.check_member(group, writer(set(group.members), is_buffer, False), node)
-        except NotFusible:
-            return False
-        return True
+    # ---- fusion: a matmul starts a kernel, and takes an epilogue over its output ----
+
+    def start(self, node: fx.Node, name: str, position: int) -> KernelGroup:
+        m = meta(node)
+        _, a, _, _, _ = matmul.operands(node)
+        return KernelGroup(name, self.group_kind, Domain(m.shape, (), meta(a).shape[-1]), [node],
+                           position, anchors=[node], dtype=m.dtype)
+
+    def joined(self, group: KernelGroup, node: fx.Node, reads: Reads) -> tuple[str, Domain] | None:
+        """A value of the output's element count that reads the matmul's result."""
+        dom = group.domain
+        if math.prod(meta(node).shape) != math.prod(dom.shape) or group.anchors[0] not in reads.deps:
+            return None
+        return self.group_kind, dom
+
+    def can_fuse(self, group: KernelGroup, node: fx.Node, reads: Reads) -> bool:
+        """The epilogue member reads the accumulator only at its own element."""
+        mm = group.anchors[0]
+        shape = meta(mm).shape
+        natural = matmul.output_index(shape)[0]
+        m = meta(node).shape
+        idx = natural if m == shape else reshape_index(natural, shape, m)
+        return reads.at_own_index(group, node, idx, {mm}, lambda _: natural)
 
 
 KIND = MatmulKind()
