@@ -96,19 +96,19 @@ class ServiceContext:
         return enqueued
 
     def _adopt_legacy(self) -> None:
-        """Move the messages a kiln before fair queueing left in its one stream per class
-        into their tenants' lines (upgrading a running deployment). Enqueued before they are
-        deleted: a crash in between leaves duplicates, which are harmless, never a loss."""
+        """Move the messages a kiln before fair queueing left in its one stream per queue
+        into their tenants' lines (upgrading a running deployment): the jobs still queued or
+        running go on the queue again, then the old messages are deleted. A crash in between
+        leaves duplicates, which are harmless, never a loss."""
         legacy = self.queue.legacy()
         if not legacy:
             return
         with self.transaction() as session:
-            tenants = store.job_tenants(session, [job for messages in legacy.values()
-                                                  for _mid, job in messages])
+            for job_id, stage, queue_class, tenant in store.unfinished_jobs(
+                    session, [job for messages in legacy.values() for _mid, job in messages]):
+                store.enqueue_after_commit(session, stage, queue_class, job_id, tenant,
+                                           marked=True)
         for stream, messages in sorted(legacy.items()):
-            for _mid, job_id in messages:
-                if job_id in tenants:  # a job deleted since, or a malformed message: dropped
-                    self.queue.enqueue(stream, job_id, tenants[job_id])
             self.queue.drop_legacy(stream, [mid for mid, _job in messages])
             log.info("moved %d message(s) of %s into tenants' lines", len(messages), stream)
 

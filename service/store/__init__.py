@@ -49,7 +49,6 @@ from service.store.jobs import (
     job_by_id,
     job_by_key,
     job_dict,
-    job_tenants,
     note_timeout,
     note_unqueued,
     recoverable_jobs,
@@ -59,6 +58,7 @@ from service.store.jobs import (
     set_needs_enqueue,
     stream_name,
     take_after_commit,
+    unfinished_jobs,
     unqueued,
 )
 from service.store.plans import (
@@ -80,9 +80,9 @@ __all__ = [
     "MISS_REASONS", "READY", "WIRE_PRUNED", "Submission", "add_event", "add_job_owner",
     "add_measurements", "adopt_untuned", "beat", "bury_dead_workers", "claim", "count_lookup",
     "enqueue_after_commit", "fail_attempt", "finish", "finish_failed", "gpu_serves",
-    "hand_to_tuner", "job_by_id", "job_by_key", "job_dict", "job_tenants", "job_input", "job_visible",
+    "hand_to_tuner", "job_by_id", "job_by_key", "job_dict", "job_input", "job_visible",
     "minute", "miss_reason", "note_timeout", "note_unqueued", "publish_schedule",
     "record_hits", "recoverable_jobs", "register_worker", "release", "renew", "requeue",
     "restore_wire", "schedule_by_key", "set_entry_status", "set_needs_enqueue", "stop_worker",
-    "stream_name", "submit", "take_after_commit", "unqueued",
+    "stream_name", "submit", "take_after_commit", "unfinished_jobs", "unqueued",
 ]

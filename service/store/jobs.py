@@ -89,9 +89,13 @@ def recoverable_jobs(session: Session, lost: bool, stale_after_s: float,
     return rows
 
 
-def job_tenants(session: Session, job_ids: list[int]) -> dict[int, str]:
-    """The tenant of each of these jobs that still exists."""
-    return dict(session.execute(select(JobRow.id, JobRow.tenant).where(JobRow.id.in_(job_ids))).all())
+def unfinished_jobs(session: Session, job_ids: list[int]) -> list[tuple[int, str, str, str]]:
+    """(job id, stage, queue class, tenant) of those of these jobs that are queued or
+    running, by id."""
+    query = select(JobRow.id, JobRow.stage, ScheduleRow.queue_class, JobRow.tenant).join(
+        ScheduleRow, ScheduleRow.key == JobRow.key).where(
+        JobRow.id.in_(job_ids), JobRow.status.in_(("queued", "running")))
+    return [tuple(r) for r in session.execute(query.order_by(JobRow.id))]
 
 
 # ---- lookups and history -------------------------------------------------------------------
