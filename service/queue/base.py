@@ -4,7 +4,7 @@ job itself, so a duplicate or replayed message is harmless (claiming in the data
 Fair queueing: within a stream (a queue class) each tenant has its own line, and tenants
 take turns, one message each. A tenant that starts waiting goes behind the tenants already
 waiting but ahead of the one just served, so one tenant's backlog delays another tenant's
-first job by at most the build in progress plus one."""
+first job by at most the job in progress (plus one job of each tenant already waiting)."""
 
 from __future__ import annotations
 
