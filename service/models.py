@@ -142,6 +142,9 @@ class JobRow(CreatedUpdated, Base):
     # The GPU the tuning child ran on, as it reported it (`cuda:N`): with several GPUs per
     # host, which one tuned the key. Set when the tuning stage finishes.
     tuned_device: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The tenant whose submission created the job: the queue serves tenants in turn.
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT,
+                                        server_default=DEFAULT_TENANT)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Queued, but putting it on the queue failed (Redis down): the next submission of its key

@@ -127,7 +127,7 @@ def _submit(ctx: ServiceContext, body: dict[str, Any]) -> tuple[str, int]:
     sub, _graph = parse_submission(json.dumps(body).encode())
     with ctx.transaction() as session:
         _entry, job, _ = store.submit(session, sub)
-    ctx.queue.enqueue(BUILD_STREAM, job.id)
+    ctx.queue.enqueue(BUILD_STREAM, job.id, job.tenant)
     return sub.key, job.id
 
 
