@@ -144,9 +144,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     degrade.count("graphs")
     if partition is not None:
         backward, partition.backward = partition.backward, None
-        current.compile_backward_ahead(
-            backward, backward_tag if backward_tag is not None else current.config.tag,
-            recorder)
+        current.aheads.start(backward, backward_tag if backward_tag is not None
+                             else current.config.tag, recorder)
     if has_symbolic_sizes(gm, list(example_inputs)):
         degrade.warn_once("dynamic_shapes")
         return PerShapeGraph(gm, functools.partial(_specialise, current=current, kind=kind,

@@ -108,11 +108,6 @@ class Session:
                 if recorder is not None:
                     recorder.converted()
 
-    def compile_backward_ahead(self, gm: torch.fx.GraphModule | None, tag: str | None,
-                               recorder: plans.Recorder | None = None) -> None:
-        """Start resolving the backward the partitioner made while its forward compiles."""
-        self.aheads.start(gm, tag, recorder)
-
     # ---- a dynamo graph's plan: AOTAutograd's graphs, run without it ---------------------
 
     def recorder(self, key: str, example_inputs: Sequence[Any]) -> plans.Recorder:
