@@ -20,14 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln import degrade
-from kiln import resolve as resolving
+from kiln import degrade, resolve
 from kiln.compiled import CompiledGraph, device_of, has_symbolic_sizes
 from kiln.gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from kiln.plans import Recorder
-    from kiln.resolve import Resolver
 
 log = logging.getLogger("kiln")
 
@@ -54,7 +52,7 @@ class Ahead:
     """A backward graph resolved on a thread of its own: converted, then searched for (the
     answer kept for `Resolver.settle` when the backward compiler takes it)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, inputs: list[Any], resolver: Resolver,
+    def __init__(self, gm: torch.fx.GraphModule, inputs: list[Any], resolver: resolve.Resolver,
                  tag: str | None, recorder: Recorder | None = None) -> None:
         self.entry = CompiledGraph(gm, kind="backward", device=device_of(inputs), tag=tag)
         self.resolver = resolver
@@ -79,7 +77,7 @@ class Ahead:
                 self.fingerprint = fingerprint(self.entry.gm, self._inputs)
             except Exception as exc:  # noqa: BLE001 - then only its key can match
                 log.debug("kiln: no fingerprint for a backward: %s", exc)
-            self.ok = resolving.convert(self.entry, self._inputs, count=False)
+            self.ok = resolve.convert(self.entry, self._inputs, count=False)
             self.converted.set()
             if self.ok:
                 self.answer = self.resolver.find(self.entry)
@@ -94,7 +92,7 @@ class Ahead:
 class Aheads:
     """One session's backwards compiled ahead and not taken yet (at most `MAX_AHEAD`)."""
 
-    def __init__(self, resolver: Resolver) -> None:
+    def __init__(self, resolver: resolve.Resolver) -> None:
         self.resolver = resolver
         self._lock = threading.Lock()
         self._waiting: list[Ahead] = []
