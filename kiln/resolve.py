@@ -4,7 +4,9 @@ Each graph kiln compiles (AOTAutograd's, or a plan's) moves through these states
 failure degrades one step and warns once per cause, never raising into the training job:
 
 1. converted: to the wire format and keyed (`convert`); a graph kiln cannot express, or one
-   on a device kiln cannot run, stays eager. A plan's graphs arrive converted.
+   on a device kiln cannot run, stays eager. A plan's graphs arrive converted; a backward
+   compiled ahead (`kiln.ahead`) went through every state on its own thread, and the
+   backward compiler takes that and settles it (`kiln.session.Session` picks the path).
 2. cached: the local disk cache (`Resolver.search`); a tuned entry ends the search (the
    service is not asked).
 3. probed: the service's schedule for the key, read on its hot path before anything is sent
