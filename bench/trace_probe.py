@@ -5,9 +5,10 @@
 
 A service hit's first step is mostly dynamo's trace of the model, and on an H200 host that
 trace took longer in kiln's processes than in Inductor's on some draws (GPT-2 training:
-1.14 s against 0.78 s in `bench/results/models_hit_lookup_h200.json`). This separates the
-trace from everything a backend compiles: in each fresh process the model is made on the
-device, one backend is looked up as `torch.compile` looks it up (`none`: nothing; `kiln`:
+1.14 s against 0.78 s in a single-sample run at 1be3ae2: `git show
+295b4e6:bench/results/models_hit_lookup_h200.json`). This separates the trace from
+everything a backend compiles: in each fresh process the model is made on the device, one
+backend is looked up as `torch.compile` looks it up (`none`: nothing; `kiln`:
 `torch.compile(model, backend="kiln")`, which imports kiln's backend and runs its warm-up,
 `kiln.warmup.warm_up`, run here also where no GPU makes the import skip it; `inductor`:
 `torch.compile(model)`, which makes Inductor's wrapper and imports its compiler), and then the

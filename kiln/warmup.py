@@ -88,7 +88,7 @@ def start_compile_workers(expect_binaries: bool) -> None:
     """Once per process, on a thread of its own: pay what loading the first kernel here
     costs once (`prepare_loading`) while AOTAutograd traces, and without a service to load
     compiled kernels from, first start Triton's compile workers
-    (compiler/runtime/compile_pool.py) so that they are ready when the first graph's
+    (compiler/aot/pool.py) so that they are ready when the first graph's
     kernels compile. With one that the client waits for (`expect_binaries`: wait mode, an
     async client builds new graphs here at once), workers start only when a kernel is to
     be compiled here: on a service hit none is, and starting 16 processes early cost the
@@ -104,18 +104,19 @@ def start_compile_workers(expect_binaries: bool) -> None:
 
 
 def _prepare(start_workers: bool) -> None:
-    from compiler.runtime import compile_pool
+    from compiler import aot
+    from compiler.runtime import loading
 
     start = time.perf_counter()
     try:
         if start_workers:
-            compile_pool.start()
+            aot.start()
     except Exception as exc:  # kernels then compile on the building thread
         log.warning("kiln: compile workers did not start (%s: %s); kernels compile one at a "
                     "time", type(exc).__name__, exc)
         return
     try:
-        compile_pool.prepare_loading()
+        loading.prepare_loading()
     except Exception as exc:  # noqa: BLE001 - the first precompile pays for it instead
         log.debug("kiln: preparing Triton's loader failed: %s: %s", type(exc).__name__, exc)
     degrade.add_seconds("prepare", time.perf_counter() - start)

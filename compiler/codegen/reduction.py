@@ -2,9 +2,8 @@
 
 The pieces every reduction variant is made of: parsing a reduction node
 (`reduction_info`), one reduction's accumulator (`Reducer`) and the kernel's row frame
-(`RowFrame`: prologue, row loops, stores). The variants themselves (looped, persistent,
-online: how they loop over the rows) are the reduction kind's, in
-`compiler.codegen.kinds.reduction`; the source depends on the variant, never on the
+(`RowFrame`: prologue, row loops, stores). The variants themselves (how they loop over the
+rows) are the reduction kind's, listed in `compiler.codegen.kinds.reduction`; the source depends on the variant, never on the
 block sizes.
 
 NaN follows torch: a floating max/min is NaN when any reduced element is NaN, and

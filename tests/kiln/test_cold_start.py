@@ -11,7 +11,8 @@ import torch
 
 import compiler
 import kiln
-from compiler.runtime import compile_pool
+from compiler import aot
+from compiler.runtime import loading
 from compiler.wire import graph as wire_graph
 from kiln import ahead, backend, resolve, session, warmup
 from tests.kiln.helpers import train_mlp
@@ -37,14 +38,14 @@ def test_workers_start_and_the_loader_is_prepared_once_per_process(monkeypatch) 
     started, prepared = [], threading.Event()
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(compile_pool, "start",
+    monkeypatch.setattr(aot, "start",
                         lambda: started.append(threading.current_thread().name))
 
     def prepare() -> None:
         calls.append(threading.current_thread().name)
         prepared.set()
 
-    monkeypatch.setattr(compile_pool, "prepare_loading", prepare)
+    monkeypatch.setattr(loading, "prepare_loading", prepare)
     monkeypatch.setattr(warmup.PROCESS, "preparing", None)
     warmup.start_compile_workers(expect_binaries=False)
     warmup.start_compile_workers(expect_binaries=False)
@@ -57,8 +58,8 @@ def test_workers_start_and_the_loader_is_prepared_once_per_process(monkeypatch) 
 def test_with_a_service_to_load_binaries_from_workers_wait_for_a_compile(monkeypatch) -> None:
     started, prepared = [], threading.Event()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(compile_pool, "start", lambda: started.append(1))
-    monkeypatch.setattr(compile_pool, "prepare_loading", prepared.set)
+    monkeypatch.setattr(aot, "start", lambda: started.append(1))
+    monkeypatch.setattr(loading, "prepare_loading", prepared.set)
     monkeypatch.setattr(warmup.PROCESS, "preparing", None)
     warmup.start_compile_workers(expect_binaries=True)
     assert prepared.wait(10)
@@ -74,8 +75,8 @@ def test_workers_that_cannot_start_are_warned_and_the_loader_is_not_prepared(
     def fail() -> None:
         raise OSError("no processes left")
 
-    monkeypatch.setattr(compile_pool, "start", fail)
-    monkeypatch.setattr(compile_pool, "prepare_loading", lambda: prepared.append(1))
+    monkeypatch.setattr(aot, "start", fail)
+    monkeypatch.setattr(loading, "prepare_loading", lambda: prepared.append(1))
     monkeypatch.setattr(warmup.PROCESS, "preparing", None)
     with caplog.at_level("WARNING", logger="kiln"):
         warmup.start_compile_workers(expect_binaries=False)
@@ -86,12 +87,12 @@ def test_workers_that_cannot_start_are_warned_and_the_loader_is_not_prepared(
 
 def test_a_loader_that_cannot_be_prepared_costs_nothing_but_the_try(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(compile_pool, "start", lambda: None)
+    monkeypatch.setattr(aot, "start", lambda: None)
 
     def fail() -> None:
         raise RuntimeError("0 active drivers")
 
-    monkeypatch.setattr(compile_pool, "prepare_loading", fail)
+    monkeypatch.setattr(loading, "prepare_loading", fail)
     monkeypatch.setattr(warmup.PROCESS, "preparing", None)
     warmup.start_compile_workers(expect_binaries=False)
     warmup.PROCESS.preparing.join(10)

@@ -174,14 +174,14 @@ def test_a_truncated_binary_is_refused(data: str):
 
 
 def test_a_binary_whose_bytes_do_not_match_its_sha256_is_refused_before_use():
-    from compiler.runtime import compile_pool
+    from compiler import aot
     from kiln.binaries import refusal
 
     doc = json.loads(json.dumps(GOOD_BINARIES))
     doc["binaries"][0]["files"][0]["sha256"] = hashlib.sha256(b"other").hexdigest()
     with FakeServer(lambda *_: json_reply(200, doc), lookups=True) as srv:
         binary = ServiceClient(srv.url, retries=0).binaries([KEY])[KEY]
-    job = compile_pool.CompileJob("k_0", source="", source_hash="c" * 64, fn_name="k_0", spec="{}")
+    job = aot.CompileJob("k_0", source="", source_hash="c" * 64, fn_name="k_0", spec="{}")
     assert "does not match its sha256" in refusal(job, KEY, binary)
 
 

@@ -4,7 +4,7 @@ keys and validation, heuristic, tuning space and pruning, launch grid and genera
 | kind | group kind | variants | module |
 |---|---|---|---|
 | pointwise | pointwise | pointwise | `pointwise.py` |
-| reduction | reduction | looped, persistent, online | `reduction.py` |
+| reduction | reduction | see `reduction.py`'s docstring | `reduction.py` |
 | aten (an ATen call, the epilogue a kernel) | matmul | aten | `aten.py` |
 | matmul (the Triton template) | matmul | triton | `matmul.py` |
 

@@ -42,7 +42,7 @@ class AtenKind(KernelKind):
         if not gpu or not library_wins(arch, sizes["batch"], sizes["M"], sizes["N"], sizes["K"],
                                        epilogue):
             return None
-        return "aten", matmul_kind.config_for(group, gpu)
+        return "aten", matmul_kind.config_for(group, gpu, arch)
 
     def space(self, kernel: dict[str, Any]) -> list[Point]:
         return [("aten", {})]

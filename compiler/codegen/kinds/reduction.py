@@ -1,8 +1,9 @@
 """The reduction kind: XBLOCK rows per program, each reduced over RBLOCK-wide chunks.
 
 Its variants, each one function over a `RowFrame` (`compiler.codegen.reduction`) and one
-`Variant` entry in `VARIANTS` below; the source depends on the variant, never on the
-block sizes:
+`Variant` entry in `VARIANTS` below (this is the one list of them: docs/contracts.md,
+compiler/README.md and the kinds' registry point here); the source depends on the variant,
+never on the block sizes:
 - `looped`: one loop over the reduced elements per dependency level of the reductions
   (layer norm: mean, then variance), plus one more for full-size outputs;
 - `persistent`: RBLOCK covers the whole reduced extent, a row lives in registers and
