@@ -10,7 +10,7 @@ trace took longer in kiln's processes than in Inductor's on some draws (GPT-2 tr
 everything a backend compiles: in each fresh process the model is made on the device, one
 backend is looked up as `torch.compile` looks it up (`none`: nothing; `kiln`:
 `torch.compile(model, backend="kiln")`, which imports kiln's backend and runs its warm-up,
-`kiln.backend.warm_up`, run here also where no GPU makes the import skip it; `inductor`:
+`kiln.warmup.warm_up`, run here also where no GPU makes the import skip it; `inductor`:
 `torch.compile(model)`, which makes Inductor's wrapper and imports its compiler), and then the
 model's first step runs under `torch.compile` with a backend that returns dynamo's graph
 as it is. Printed per lookup: the median over `--repeat` processes (run interleaved, so a
@@ -44,9 +44,9 @@ def _look_up(lookup: str, module: Any) -> None:
         import kiln  # as the model suite names it: no installed entry point needed
 
         torch.compile(module, backend=kiln.remote_compile)
-        from kiln import backend
+        from kiln import warmup
 
-        backend.warm_up()  # where kernels load the import ran it; then this does nothing
+        warmup.warm_up()  # where kernels load the import ran it; then this does nothing
     elif lookup == "inductor":
         torch.compile(module)  # Inductor's wrapper: its config and compiler imported
 

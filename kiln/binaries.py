@@ -12,7 +12,7 @@ written into Triton's cache only if
 - the files are one kernel's metadata and cubin, the metadata naming that cache key.
 Triton's JIT then finds the binary under the key it computes itself and loads it without
 compiling. A refused binary is compiled here (one warning); a binary that does not load
-makes the resolver compile the graph's kernels here (one warning, `Resolver._build`).
+makes the resolver compile the graph's kernels here (one warning, `precompile`).
 Binaries are never required: no service, a miss or `KILN_BINARIES=off` compile as before.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from typing import Any
 
 from compiler import aot
 from kiln import degrade
@@ -84,3 +85,21 @@ class ServiceBinaries:
         degrade.count("binaries_fetched", len(installed))
         degrade.count("binaries_missed", len(wanted) - len(got))
         return installed
+
+
+def precompile(built: Any, device: Any, source: ServiceBinaries | None, key: str) -> None:
+    """Compile or load every kernel of `built` onto `device`, taking the compiled kernels
+    `source` has (None: compile them all here). Should one of those not load, they are
+    all taken back (nothing of theirs stays in Triton's cache or its JIT) and the graph's
+    kernels are compiled here, with one warning."""
+    with aot.binary_source(source) as placed:
+        try:
+            built.precompile(device)
+        except Exception as exc:
+            if not placed:
+                raise
+            degrade.warn_once("binary_load", f"{key[:12]}: {type(exc).__name__}: "
+                                             f"{str(exc)[:200]}")
+            aot.forget_binaries(placed, [i.fn for i in built.launches()])
+            with aot.binary_source(None):
+                built.precompile(device)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import kiln
-from kiln import backend, bounded_json
+from kiln import bounded_json, session
 from kiln.cache import ScheduleCache
 from kiln.client import JOB_STATUSES, MAX_ANSWER_BYTES, Answer, ServiceClient, ServiceError
 from tests.kiln.fake_http import FakeServer, TricklingServer, json_reply
@@ -55,7 +55,7 @@ def test_a_hostile_answer_on_every_route_costs_one_warning(body: bytes, lookups:
         start = time.monotonic()
         got = train_mlp(steps=2)
         took = time.monotonic() - start
-        backend.shutdown()  # the poller keeps asking; stop it before the server
+        session.shutdown()  # the poller keeps asking; stop it before the server
     assert_close_losses(got, want)
     assert took < 90  # the local builds on the interpreter; the answers add seconds at most
     assert causes(kiln_warnings) == {"malformed": 1}
