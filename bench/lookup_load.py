@@ -3,7 +3,7 @@ over N keep-alive connections against a `kiln serve` whose CPU worker keeps buil
 
     python -m bench.lookup_load [--rate 1000] [--connections 32] [--seconds 20]
         [--keys 50] [--distributed --database-url postgresql://... --redis-url redis://...]
-        [--out bench/results/lookup_load_cpu.json]
+        [--out bench/results/lookup_load.json]
 
 Starts the service (the embedded default: API, SQLite, in-process worker; `--distributed`:
 the API on PostgreSQL and Redis, `--workers` CPU worker processes), submits `--keys` small
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--workers", type=int, default=2, help="CPU workers (--distributed)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench/results/lookup_load_cpu.json")
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results/lookup_load.json")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -60,7 +60,7 @@ SESSION_GRACE_S = 5.0  # how long processes ending as the session ends are given
 # kiln's compile workers.
 _ENDS_WITH_PARENT = ("multiprocessing.resource_tracker", "compiler.child:_serve_forks",
                      "compiler.runtime.triton_key:_compute")
-_BOOT_MODULES = ("compiler.runtime.compile_pool",)
+_BOOT_MODULES = ("compiler.aot.pool",)
 
 
 def _ends_with_this_process(pid: int, cmdline: str) -> bool:

@@ -18,7 +18,7 @@ ALLOWED = {
     "compiler/child.py",
     # Being moved into compiler/aot/ (the ahead-of-time compile package); its compile
     # workers switch onto compiler.child once that lands.
-    "compiler/runtime/compile_pool.py",
+    "compiler/aot/pool.py",
 }
 # module -> names in it that start a process
 STARTERS = {
