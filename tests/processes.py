@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -55,12 +54,11 @@ def end_left_behind(mark: dict[str, str]) -> dict[int, str]:
 SESSION_GRACE_S = 5.0  # how long processes ending as the session ends are given to go
 
 # Children of the test process itself that end with it (they read a pipe from it), by the
-# code they were started with: Python's multiprocessing resource tracker, kiln's fork
-# servers and Triton key child (`compiler.child` targets, named on the command line), and
-# kiln's compile workers.
+# code they were started with: Python's multiprocessing resource tracker, and kiln's fork
+# servers, compile workers and Triton key child (`compiler.child` targets, named on their
+# command lines).
 _ENDS_WITH_PARENT = ("multiprocessing.resource_tracker", "compiler.child:_serve_forks",
-                     "compiler.runtime.triton_key:_compute")
-_BOOT_MODULES = ("compiler.aot.pool",)
+                     "compiler.aot.worker:serve", "compiler.runtime.triton_key:_compute")
 
 
 def _ends_with_this_process(pid: int, cmdline: str) -> bool:
@@ -68,11 +66,7 @@ def _ends_with_this_process(pid: int, cmdline: str) -> bool:
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return False
-    if parent != os.getpid():
-        return False
-    boots = [getattr(sys.modules[m], "_BOOT", None) for m in _BOOT_MODULES if m in sys.modules]
-    return any(h in cmdline for h in _ENDS_WITH_PARENT) or any(
-        b and b.replace("\0", " ").strip()[:200] in cmdline for b in boots)
+    return parent == os.getpid() and any(h in cmdline for h in _ENDS_WITH_PARENT)
 
 
 def left_behind(mark: dict[str, str], grace: float = SESSION_GRACE_S) -> dict[int, str]:

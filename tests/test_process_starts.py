@@ -14,12 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("compiler", "kiln", "service", "tuner")
-ALLOWED = {
-    "compiler/child.py",
-    # Being moved into compiler/aot/ (the ahead-of-time compile package); its compile
-    # workers switch onto compiler.child once that lands.
-    "compiler/aot/pool.py",
-}
+ALLOWED = {"compiler/child.py"}
 # module -> names in it that start a process
 STARTERS = {
     "subprocess": {"Popen"},

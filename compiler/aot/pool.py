@@ -2,24 +2,22 @@
 per process, started early (`start`), reused across graphs, sized to the cores
 (`KILN_COMPILE_WORKERS`; 0 compiles on the building thread).
 
-The workers are started with `python -c` (`_start_process`; not forked: CUDA may be
-initialised here; not multiprocessing's spawn, which re-runs the user's `__main__` script in
-each) and run `compiler.aot.worker.serve`, exchanging JSON lines with this process. A
+The workers are spawned through `compiler.child` (fresh interpreters; not forked: CUDA may
+be initialised here; not multiprocessing's spawn, which re-runs the user's `__main__` script
+in each) and run `compiler.aot.worker.serve`, exchanging JSON messages with this process. A
 compile that kills its worker is retried alone in a fresh one (the other workers go on);
 a job that kills a worker again is reported CRASHED.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
 
+from compiler import child
 from compiler.aot.jobs import CompileJob
 from compiler.aot.worker import compile_job, one_line
 
@@ -43,65 +41,26 @@ def workers() -> int:
     return max(1, min(MAX_WORKERS, cores or 1))
 
 
-# A worker is `python -c _BOOT <sys.path as JSON> <result fd>`: it runs `serve`, nothing of
-# the building process's `__main__` (multiprocessing's spawn re-runs the user's script in
-# every worker: its imports, torch's among them, and all of it when the script has no
-# `if __name__ == "__main__"` guard).
-_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-         "from compiler.aot.worker import serve; serve(int(sys.argv[2]))")
-
-
-def _start_process(answers_fd: int) -> subprocess.Popen[bytes]:
-    """Start one worker process: requests go to its stdin, it writes answers to
-    `answers_fd` (passed to it). Without TRITON_INTERPRET: under the interpreter, Triton's
-    own @jit helpers (tl.max, tl.sum) are interpreted functions and nothing lowers for a GPU."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), str(answers_fd)],
-                            stdin=subprocess.PIPE, pass_fds=(answers_fd,), env=env)
-
-
 class _Worker:
-    """One compile worker process and the two pipes to it."""
+    """One compile worker process. Without TRITON_INTERPRET: under the interpreter, Triton's
+    own @jit helpers (tl.max, tl.sum) are interpreted functions and nothing lowers for a GPU."""
 
     def __init__(self) -> None:
-        read, write = os.pipe()
-        try:
-            self.process = _start_process(write)
-        except BaseException:
-            os.close(read)
-            raise
-        finally:
-            os.close(write)
-        self._answers = os.fdopen(read, "r")
+        self.process = child.spawn("compiler.aot.worker:serve", name="compile worker",
+                                   env={"TRITON_INTERPRET": None})
 
     def ask(self, run: str, job: CompileJob) -> str | None | bool:
         """`run(job)` in the worker: its answer, or False when the worker died doing it."""
-        assert self.process.stdin is not None
-        request = json.dumps({"run": run, "job": asdict(job)}) + "\n"
         try:
-            self.process.stdin.write(request.encode())
-            self.process.stdin.flush()
-            line = self._answers.readline()
-        except (BrokenPipeError, OSError, ValueError):
-            line = ""
-        if not line:
+            self.process.send({"run": run, "job": asdict(job)})
+            return self.process.recv()["result"]
+        except child.ChildError:
             self.close()
             return False
-        return json.loads(line)["result"]
 
     def close(self, timeout: float = 5.0) -> None:
-        """Close its stdin (its loop ends) and wait; kill it if it does not end."""
-        try:
-            if self.process.stdin is not None:
-                self.process.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._answers.close()
+        """End the channel (its loop ends) and wait; kill it if it does not end."""
+        self.process.close(grace_s=timeout)
 
 
 class CompilePool:

@@ -2,17 +2,15 @@
 compile of one job in it (`compile_job`).
 
 A worker imports Triton with the interpreter off and neither torch nor CUDA, warms up
-(Triton's own cache key) before its first job, and exchanges JSON lines with the process
-that started it (compiler/aot/pool.py).
+(Triton's own cache key) before its first job, and exchanges JSON messages with the process
+that started it (compiler/aot/pool.py, through `compiler.child`).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +18,7 @@ from compiler.aot.jobs import CompileJob
 from compiler.aot.launchers import build_launcher
 from compiler.aot.sources import import_kernel
 from compiler.aot.triton_compile import compile_spec
+from compiler.child import Channel
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +65,19 @@ def _compile(job: CompileJob) -> Any:
     return compile_spec(getattr(module, job.fn_name), job.spec)
 
 
-def serve(fd: int) -> None:
-    """A compile worker's loop: one JSON request a line on stdin (`run`: "module:function"
-    taking a CompileJob, `job`: its fields), one JSON answer a line on `fd` (`result`);
-    returns when stdin closes. The worker's own stdout goes to stderr, so that nothing a
-    compiler prints can interleave with the answers."""
-    answers = os.fdopen(fd, "w")
+def serve(channel: Channel) -> None:
+    """A compile worker's loop (a `compiler.child` target): one request a message (`run`:
+    "module:function" taking a CompileJob, `job`: its fields), one answer a message
+    (`result`); returns when the channel ends. The worker's own stdout goes to stderr, so
+    that nothing a compiler prints mixes into the output of the program compiling."""
     os.dup2(2, 1)
     try:
         warm()
     except Exception as exc:  # noqa: BLE001 - each job then reports what is wrong
         log.debug("compile worker: warming up failed: %s", exc)
     runners: dict[str, Callable[[CompileJob], str | None]] = {}
-    for line in sys.stdin:
-        request = json.loads(line)
+    while True:
+        request = channel.recv()  # the end of the channel ends the worker
         name = request["run"]
         if name not in runners:
             module, _, function = name.partition(":")
@@ -88,5 +86,4 @@ def serve(fd: int) -> None:
             result = runners[name](CompileJob(**request["job"]))
         except Exception as exc:  # noqa: BLE001 - the building thread compiles it then
             result = one_line(exc)
-        answers.write(json.dumps({"result": result}) + "\n")
-        answers.flush()
+        channel.send({"result": result})
