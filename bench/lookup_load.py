@@ -1,19 +1,23 @@
 """Schedule lookups under load while builds run: `GET /v1/schedules/{key}` at a target rate
 over N keep-alive connections against a `kiln serve` whose CPU worker keeps building.
 
-    python -m bench.lookup_load [--rate 1000] [--connections 32] [--seconds 20]
-        [--keys 50] [--distributed --database-url postgresql://... --redis-url redis://...]
-        [--out bench/results/lookup_load_cpu.json]
+    python -m bench.lookup_load [--rate 1000] [--connections 32] [--seconds 30] [--keys 50]
+        [--builders 1] [--repeat 3] [--token]
+        [--distributed --database-url postgresql://... --redis-url redis://... --workers 2]
+        [--out bench/results/lookup_load.json]
 
 Starts the service (the embedded default: API, SQLite, in-process worker; `--distributed`:
 the API on PostgreSQL and Redis, `--workers` CPU worker processes), submits `--keys` small
-graphs and waits for their heuristic schedules, then starts a builder that submits a new
-graph (a chain of `--chain` ops, new shapes each time) whenever the last one is built, and
-drives lookups of the filled keys open loop: each connection sends on its own schedule of
-rate/connections per second, and a request's latency counts from when it was due, so a
-stalled service shows in the figures instead of slowing the sender. Writes req/s, latency
+graphs and waits for their heuristic schedules, then starts `--builders` builders, each
+submitting a new graph (a chain of `--chain` ops, new shapes each time) whenever its last
+one is built, and drives lookups of the filled keys open loop, `--repeat` times: each
+connection sends on its own schedule of rate/connections per second, and a request's
+latency counts from when it was due, so a stalled service shows in the figures instead of
+slowing the sender. Writes, per run and as min/median/max over the runs: req/s, latency
 percentiles (ms), dropped connections (reset, refused or no answer within 5 s), answers by
-status and the builds finished during the run as JSON, with the command and the machine.
+status, the builds finished, the CPU seconds the API process used, and the machine's load
+average (the generator shares the machine); with the command and the machine, as JSON.
+With `--token` every lookup carries a client token (`kiln token create`), as off loopback.
 The per-token rate limit is off for the run (KILN_RATE_LIMIT_PER_S=0): a fleet's lookups
 come from many tokens, this generator is one.
 """
@@ -62,10 +66,15 @@ def _start(args: argparse.Namespace, workdir: Path) -> tuple[list[subprocess.Pop
     if args.distributed:
         env.update(KILN_DATABASE_URL=args.database_url, KILN_REDIS_URL=args.redis_url,
                    KILN_REDIS_PREFIX=f"kiln-load-{port}:")
-        subprocess.run([sys.executable, "-m", "kiln.cli", "db", "upgrade"], check=True,
-                       env=service_env(**env), cwd=REPO, stdout=subprocess.DEVNULL)
     else:
         env["KILN_DATABASE_URL"] = f"sqlite:///{workdir / 'kiln.db'}"
+    subprocess.run([sys.executable, "-m", "kiln.cli", "db", "upgrade"], check=True,
+                   env=service_env(**env), cwd=REPO, stdout=subprocess.DEVNULL)
+    if args.token:
+        args.bearer = subprocess.run(
+            [sys.executable, "-m", "kiln.cli", "token", "create", "--role", "client",
+             "--name", "lookup-load"], check=True, env=service_env(**env), cwd=REPO,
+            capture_output=True, text=True).stdout.strip()
     logs = open(workdir / "service.log", "wb")  # noqa: SIM115 - the processes' lifetime
     procs = [subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", "--port", str(port)],
                               env=service_env(**env), cwd=REPO, stdout=logs, stderr=logs)]
@@ -112,9 +121,11 @@ def _fill(url: str, args: argparse.Namespace, target: dict[str, str]) -> list[st
 class Builder(threading.Thread):
     """Keeps the service building: a new graph whenever the last one has its schedule."""
 
-    def __init__(self, url: str, chain: int, target: dict[str, str]) -> None:
-        super().__init__(name="builder", daemon=True)
+    def __init__(self, url: str, chain: int, target: dict[str, str], index: int,
+                 builders: int) -> None:
+        super().__init__(name=f"builder-{index}", daemon=True)
         self.url, self.chain, self.target = url, chain, target
+        self.index, self.builders = index, builders
         self.stop = threading.Event()
         self.finished: list[float] = []  # build seconds, submission to schedule
 
@@ -123,7 +134,8 @@ class Builder(threading.Thread):
         while not self.stop.is_set():
             shape += 1
             start = time.monotonic()
-            key = _submit(self.url, _graph(16, 1000 + shape, self.chain), self.target)
+            cols = 1000 + shape * self.builders + self.index  # distinct across builders
+            key = _submit(self.url, _graph(16, cols, self.chain), self.target)
             while not self.stop.is_set() and not _built(self.url, key):
                 time.sleep(0.2)
             if not self.stop.is_set():
@@ -131,7 +143,7 @@ class Builder(threading.Thread):
 
 
 async def _connection(host: str, port: int, keys: list[str], period: float, until: float,
-                      offset: float, out: dict[str, Any]) -> None:
+                      offset: float, auth: str, out: dict[str, Any]) -> None:
     """One keep-alive connection sending a lookup every `period` s (open loop)."""
     reader = writer = None
     due = time.monotonic() + offset
@@ -146,7 +158,8 @@ async def _connection(host: str, port: int, keys: list[str], period: float, unti
             if writer is None:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
                                                         ANSWER_TIMEOUT_S)
-            writer.write(f"GET /v1/schedules/{key} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            writer.write(f"GET /v1/schedules/{key} HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n"
+                         .encode())
             status = await asyncio.wait_for(_answer(reader), ANSWER_TIMEOUT_S)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             out["dropped"] += 1
@@ -174,35 +187,73 @@ async def _drive(url: str, keys: list[str], args: argparse.Namespace) -> dict[st
     host, port = url.removeprefix("http://").split(":")
     out: dict[str, Any] = {"latencies": [], "statuses": {}, "dropped": 0, "drop_kinds": {}}
     period = args.connections / args.rate
+    auth = f"Authorization: Bearer {args.bearer}\r\n" if args.bearer else ""
     start = time.monotonic()
     until = start + args.seconds
     await asyncio.gather(*(_connection(host, int(port), keys, period, until,
-                                       period * c / args.connections, out)
+                                       period * c / args.connections, auth, out)
                            for c in range(args.connections)))
     out["wall_s"] = time.monotonic() - start
     return out
 
 
-def _summary(out: dict[str, Any], builder: Builder, args: argparse.Namespace) -> dict[str, Any]:
+GOAL = {"req_per_s": 1000, "p99_ms": 50, "dropped": 0}
+
+
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used so far; None off Linux."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run_summary(out: dict[str, Any], builds: int, api_cpu_s: float | None,
+                 load: tuple[float, float]) -> dict[str, Any]:
+    """The figures of one run of the generator."""
     lat = sorted(out["latencies"])
 
     def pct(p: float) -> float | None:
         return round(1000 * lat[min(len(lat) - 1, int(p * len(lat)))], 2) if lat else None
 
+    rate = round(len(lat) / out["wall_s"], 1)
     return {
-        "answered": len(lat), "req_per_s": round(len(lat) / out["wall_s"], 1),
-        "target_req_per_s": args.rate, "connections": args.connections,
+        "answered": len(lat), "req_per_s": rate,
         "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
         "max_ms": round(1000 * lat[-1], 2) if lat else None,
         "mean_ms": round(1000 * statistics.fmean(lat), 2) if lat else None,
         "dropped_connections": out["dropped"], "drop_kinds": out["drop_kinds"],
         "statuses": {str(k): v for k, v in sorted(out["statuses"].items())},
-        "builds_finished_during_run": len(builder.finished),
-        "build_seconds": [round(s, 2) for s in builder.finished],
-        "goal": {"req_per_s": 1000, "p99_ms": 50, "dropped": 0},
-        "goal_met": bool(lat) and len(lat) / out["wall_s"] >= 1000 and pct(0.99) < 50
+        "builds_finished": builds,
+        "api_cpu_s": None if api_cpu_s is None else round(api_cpu_s, 2),
+        "load_average_1m": {"before": round(load[0], 2), "after": round(load[1], 2)},
+        "goal_met": bool(lat) and rate >= GOAL["req_per_s"] and (pct(0.99) or 0) < GOAL["p99_ms"]
                     and out["dropped"] == 0,
     }
+
+
+def _spread(runs: list[dict[str, Any]], field: str) -> dict[str, float | None]:
+    values = [r[field] for r in runs if r[field] is not None]
+    if not values:
+        return {"min": None, "median": None, "max": None}
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def _measure(url: str, keys: list[str], builders: list[Builder], pid: int,
+             args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`--repeat` runs of the generator, each with its own figures."""
+    runs = []
+    for _ in range(args.repeat):
+        before_builds = sum(len(b.finished) for b in builders)
+        before_cpu, before_load = _cpu_s(pid), os.getloadavg()[0]
+        out = asyncio.run(_drive(url, keys, args))
+        after_cpu = _cpu_s(pid)
+        api_cpu = None if before_cpu is None or after_cpu is None else after_cpu - before_cpu
+        runs.append(_run_summary(out, sum(len(b.finished) for b in builders) - before_builds,
+                                 api_cpu, (before_load, os.getloadavg()[0])))
+        print(json.dumps(runs[-1]), flush=True)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,16 +261,21 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=float, default=1000.0, help="lookups per second, all told")
     parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=30.0, help="of each run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs, back to back")
     parser.add_argument("--keys", type=int, default=50, help="schedules filled first")
+    parser.add_argument("--builders", type=int, default=1,
+                        help="graphs built at once in the background (0: none)")
     parser.add_argument("--chain", type=int, default=60, help="ops in each graph built meanwhile")
+    parser.add_argument("--token", action="store_true", help="lookups carry a client token")
     parser.add_argument("--fill-timeout", type=float, default=600.0)
     parser.add_argument("--distributed", action="store_true")
     parser.add_argument("--database-url", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--workers", type=int, default=2, help="CPU workers (--distributed)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench/results/lookup_load_cpu.json")
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results/lookup_load.json")
     args = parser.parse_args(argv)
+    args.bearer = None
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import compiler
@@ -227,14 +283,18 @@ def main(argv: list[str] | None = None) -> int:
     target = compiler.Target.detect("cpu").to_json()
     with tempfile.TemporaryDirectory(prefix="kiln-load-") as tmp:
         procs, url = _start(args, Path(tmp))
+        builders = [Builder(url, args.chain, target, i, args.builders)
+                    for i in range(args.builders)]
         try:
             keys = _fill(url, args, target)
-            builder = Builder(url, args.chain, target)
-            builder.start()
-            time.sleep(2)  # the first build is under way
-            out = asyncio.run(_drive(url, keys, args))
-            builder.stop.set()
+            for builder in builders:
+                builder.start()
+            if builders:
+                time.sleep(2)  # the first builds are under way
+            runs = _measure(url, keys, builders, procs[0].pid, args)
         finally:
+            for builder in builders:
+                builder.stop.set()
             for proc in procs:
                 proc.terminate()
             for proc in procs:
@@ -246,8 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version()},
         "mode": "distributed" if args.distributed else "embedded",
+        "auth": "client token" if args.token else "none (loopback)",
+        "target_req_per_s": args.rate, "connections": args.connections,
+        "seconds_per_run": args.seconds, "builders": args.builders,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        **_summary(out, builder, args),
+        "spread": {field: _spread(runs, field)
+                   for field in ("req_per_s", "p50_ms", "p99_ms", "max_ms", "api_cpu_s")},
+        "dropped_connections": sum(r["dropped_connections"] for r in runs),
+        "build_seconds": [round(s, 2) for b in builders for s in b.finished],
+        "goal": GOAL,
+        "runs_meeting_goal": sum(r["goal_met"] for r in runs),
+        "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

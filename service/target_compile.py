@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 COMPILE_TIMEOUT_S = 900.0  # every kernel of one graph; past it the process is killed
+COMPILE_NICE = 10  # as a build child (service.build_child.BUILD_NICE)
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -85,6 +86,7 @@ def _compile_in_child(wire: str, schedule_text: str) -> tuple[str, Any]:
 
 def _interpreter_off() -> None:
     os.environ["TRITON_INTERPRET"] = "0"  # before the child imports Triton
+    os.nice(COMPILE_NICE)  # the API's lookups win a core from a compile
 
 
 def _compile_pool() -> ProcessPoolExecutor:
