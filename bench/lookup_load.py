@@ -15,8 +15,10 @@ connection sends on its own schedule of rate/connections per second, and a reque
 latency counts from when it was due, so a stalled service shows in the figures instead of
 slowing the sender. Writes, per run and as min/median/max over the runs: req/s, latency
 percentiles (ms), dropped connections (reset, refused or no answer within 5 s), answers by
-status, the builds finished, the CPU seconds the API process used, and the machine's load
-average (the generator shares the machine); with the command and the machine, as JSON.
+status, the builds finished, the CPU seconds the API process used, how late the generator
+itself woke to send (p99), and the machine's load average (the generator shares the
+machine); with the command and the machine, as JSON. Builders are processes of their own,
+so that making their graphs never holds the generator's GIL.
 With `--token` every lookup carries a client token (`kiln token create`), as off loopback.
 The per-token rate limit is off for the run (KILN_RATE_LIMIT_PER_S=0): a fleet's lookups
 come from many tokens, this generator is one.
@@ -27,13 +29,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import os
 import platform
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +72,7 @@ def _start(args: argparse.Namespace, workdir: Path) -> tuple[list[subprocess.Pop
     else:
         env["KILN_DATABASE_URL"] = f"sqlite:///{workdir / 'kiln.db'}"
     subprocess.run([sys.executable, "-m", "kiln.cli", "db", "upgrade"], check=True,
-                   env=service_env(**env), cwd=REPO, stdout=subprocess.DEVNULL)
+                   env=service_env(**env), cwd=REPO, capture_output=True)
     if args.token:
         args.bearer = subprocess.run(
             [sys.executable, "-m", "kiln.cli", "token", "create", "--role", "client",
@@ -118,28 +121,56 @@ def _fill(url: str, args: argparse.Namespace, target: dict[str, str]) -> list[st
     return keys
 
 
-class Builder(threading.Thread):
-    """Keeps the service building: a new graph whenever the last one has its schedule."""
+def _build_loop(url: str, chain: int, target: dict[str, str], index: int, count: int,
+                stop: Any, done: Any) -> None:
+    """One builder: a new graph whenever its last one has its schedule; puts each build's
+    seconds (submission to schedule) on `done`."""
+    shape = 0
+    while not stop.is_set():
+        shape += 1
+        start = time.monotonic()
+        cols = 1000 + shape * count + index  # distinct across builders
+        key = _submit(url, _graph(16, cols, chain), target)
+        while not stop.is_set() and not _built(url, key):
+            time.sleep(0.2)
+        if not stop.is_set():
+            done.put(time.monotonic() - start)
 
-    def __init__(self, url: str, chain: int, target: dict[str, str], index: int,
-                 builders: int) -> None:
-        super().__init__(name=f"builder-{index}", daemon=True)
-        self.url, self.chain, self.target = url, chain, target
-        self.index, self.builders = index, builders
-        self.stop = threading.Event()
-        self.finished: list[float] = []  # build seconds, submission to schedule
 
-    def run(self) -> None:
-        shape = 0
-        while not self.stop.is_set():
-            shape += 1
-            start = time.monotonic()
-            cols = 1000 + shape * self.builders + self.index  # distinct across builders
-            key = _submit(self.url, _graph(16, cols, self.chain), self.target)
-            while not self.stop.is_set() and not _built(self.url, key):
-                time.sleep(0.2)
-            if not self.stop.is_set():
-                self.finished.append(time.monotonic() - start)
+class Builders:
+    """`count` builder processes keeping the service building. Processes, not threads:
+    making a graph (make_fx, its JSON) must not hold the generator's GIL, or the
+    generator's own stalls would show as the service's latency."""
+
+    def __init__(self, url: str, chain: int, target: dict[str, str], count: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.stop, self._done = ctx.Event(), ctx.Queue()
+        self.procs = [ctx.Process(target=_build_loop, name=f"builder-{i}", daemon=True,
+                                  args=(url, chain, target, i, count, self.stop, self._done))
+                      for i in range(count)]
+        self.finished: list[float] = []
+
+    def start(self) -> None:
+        for proc in self.procs:
+            proc.start()
+
+    def collect(self) -> int:
+        """Builds finished so far."""
+        while True:
+            try:
+                self.finished.append(self._done.get_nowait())
+            except queue.Empty:
+                return len(self.finished)
+
+    def close(self) -> None:
+        self.stop.set()
+        for proc in self.procs:
+            if proc.pid is not None:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        self.collect()
 
 
 async def _connection(host: str, port: int, keys: list[str], period: float, until: float,
@@ -152,6 +183,7 @@ async def _connection(host: str, port: int, keys: list[str], period: float, unti
         delay = due - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+            out["wake_lags"].append(time.monotonic() - due)  # the generator's own lateness
         key = keys[i % len(keys)]
         i += 1
         try:
@@ -185,7 +217,8 @@ async def _answer(reader: asyncio.StreamReader) -> int:
 
 async def _drive(url: str, keys: list[str], args: argparse.Namespace) -> dict[str, Any]:
     host, port = url.removeprefix("http://").split(":")
-    out: dict[str, Any] = {"latencies": [], "statuses": {}, "dropped": 0, "drop_kinds": {}}
+    out: dict[str, Any] = {"latencies": [], "wake_lags": [], "statuses": {}, "dropped": 0,
+                           "drop_kinds": {}}
     period = args.connections / args.rate
     auth = f"Authorization: Bearer {args.bearer}\r\n" if args.bearer else ""
     start = time.monotonic()
@@ -212,7 +245,7 @@ def _cpu_s(pid: int) -> float | None:
 def _run_summary(out: dict[str, Any], builds: int, api_cpu_s: float | None,
                  load: tuple[float, float]) -> dict[str, Any]:
     """The figures of one run of the generator."""
-    lat = sorted(out["latencies"])
+    lat, wake = sorted(out["latencies"]), sorted(out["wake_lags"])
 
     def pct(p: float) -> float | None:
         return round(1000 * lat[min(len(lat) - 1, int(p * len(lat)))], 2) if lat else None
@@ -226,6 +259,9 @@ def _run_summary(out: dict[str, Any], builds: int, api_cpu_s: float | None,
         "dropped_connections": out["dropped"], "drop_kinds": out["drop_kinds"],
         "statuses": {str(k): v for k, v in sorted(out["statuses"].items())},
         "builds_finished": builds,
+        # How late the generator woke for a request it was waiting to send (p99): a stall
+        # of the shared machine's scheduler seen from the generator, not the service.
+        "generator_wake_lag_p99_ms": round(1000 * wake[int(0.99 * len(wake))], 2) if wake else None,
         "api_cpu_s": None if api_cpu_s is None else round(api_cpu_s, 2),
         "load_average_1m": {"before": round(load[0], 2), "after": round(load[1], 2)},
         "goal_met": bool(lat) and rate >= GOAL["req_per_s"] and (pct(0.99) or 0) < GOAL["p99_ms"]
@@ -240,17 +276,17 @@ def _spread(runs: list[dict[str, Any]], field: str) -> dict[str, float | None]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def _measure(url: str, keys: list[str], builders: list[Builder], pid: int,
+def _measure(url: str, keys: list[str], builders: Builders, pid: int,
              args: argparse.Namespace) -> list[dict[str, Any]]:
     """`--repeat` runs of the generator, each with its own figures."""
     runs = []
     for _ in range(args.repeat):
-        before_builds = sum(len(b.finished) for b in builders)
+        before_builds = builders.collect()
         before_cpu, before_load = _cpu_s(pid), os.getloadavg()[0]
         out = asyncio.run(_drive(url, keys, args))
         after_cpu = _cpu_s(pid)
         api_cpu = None if before_cpu is None or after_cpu is None else after_cpu - before_cpu
-        runs.append(_run_summary(out, sum(len(b.finished) for b in builders) - before_builds,
+        runs.append(_run_summary(out, builders.collect() - before_builds,
                                  api_cpu, (before_load, os.getloadavg()[0])))
         print(json.dumps(runs[-1]), flush=True)
     return runs
@@ -283,18 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     target = compiler.Target.detect("cpu").to_json()
     with tempfile.TemporaryDirectory(prefix="kiln-load-") as tmp:
         procs, url = _start(args, Path(tmp))
-        builders = [Builder(url, args.chain, target, i, args.builders)
-                    for i in range(args.builders)]
+        builders = Builders(url, args.chain, target, args.builders)
         try:
             keys = _fill(url, args, target)
-            for builder in builders:
-                builder.start()
-            if builders:
-                time.sleep(2)  # the first builds are under way
+            builders.start()
+            if args.builders:
+                time.sleep(10)  # the builders have started (torch imported) and submitted
             runs = _measure(url, keys, builders, procs[0].pid, args)
         finally:
-            for builder in builders:
-                builder.stop.set()
+            builders.close()
             for proc in procs:
                 proc.terminate()
             for proc in procs:
@@ -311,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_per_run": args.seconds, "builders": args.builders,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "spread": {field: _spread(runs, field)
-                   for field in ("req_per_s", "p50_ms", "p99_ms", "max_ms", "api_cpu_s")},
+                   for field in ("req_per_s", "p50_ms", "p99_ms", "max_ms",
+                                 "generator_wake_lag_p99_ms", "api_cpu_s")},
         "dropped_connections": sum(r["dropped_connections"] for r in runs),
-        "build_seconds": [round(s, 2) for b in builders for s in b.finished],
+        "build_seconds": [round(s, 2) for s in builders.finished],
         "goal": GOAL,
         "runs_meeting_goal": sum(r["goal_met"] for r in runs),
         "runs": runs,

@@ -93,6 +93,8 @@ async def _ask(limiter: RateLimiter | FailureThrottle, method: Callable[[str], T
 
 async def _limit(request: Request, principal: Principal) -> Principal:
     limiter: RateLimiter = request.app.state.limiter
+    if limiter.rate <= 0:  # off: no thread hop to ask a shared limiter for nothing
+        return principal
     wait = await _ask(limiter, limiter.allow, principal.ident)
     if wait:
         raise ApiError(429, "rate_limited", f"too many requests; retry in {wait:.2f} s",
