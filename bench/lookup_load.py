@@ -174,10 +174,10 @@ class Builders:
 
 
 async def _connection(host: str, port: int, keys: list[str], period: float, until: float,
-                      offset: float, auth: str, out: dict[str, Any]) -> None:
+                      first: float, auth: str, out: dict[str, Any]) -> None:
     """One keep-alive connection sending a lookup every `period` s (open loop)."""
     reader = writer = None
-    due = time.monotonic() + offset
+    due = first  # a schedule fixed in advance: every run sends rate x seconds requests
     i = 0
     while due < until:
         delay = due - time.monotonic()
@@ -224,7 +224,7 @@ async def _drive(url: str, keys: list[str], args: argparse.Namespace) -> dict[st
     start = time.monotonic()
     until = start + args.seconds
     await asyncio.gather(*(_connection(host, int(port), keys, period, until,
-                                       period * c / args.connections, auth, out)
+                                       start + period * c / args.connections, auth, out)
                            for c in range(args.connections)))
     out["wall_s"] = time.monotonic() - start
     return out
