@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ from service.ratelimit import make_limiters
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+WORKER_SWITCH_INTERVAL_S = 0.001  # with workers in the API process (see _start_workers)
 
 
 def _upkeep(app: FastAPI, stop: threading.Event) -> None:
@@ -117,6 +119,10 @@ def _start_workers(ctx: ServiceContext, cpu: bool, gpu_devices: Sequence[str]) -
     from service.worker import Worker
 
     devices = (["cpu"] if cpu else []) + list(gpu_devices)
+    if devices:
+        # A worker thread's Python work (claiming, storing a schedule) holds the GIL for up
+        # to the switch interval before the event loop gets it back: 5 ms by default.
+        sys.setswitchinterval(min(sys.getswitchinterval(), WORKER_SWITCH_INTERVAL_S))
     workers = [Worker(ctx, device=device) for device in devices]
     for worker in workers:
         worker.start_thread()
