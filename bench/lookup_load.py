@@ -20,6 +20,8 @@ itself woke to send (p99), and the machine's load average (the generator shares 
 machine); with the command and the machine, as JSON. Builders are processes of their own,
 so that making their graphs never holds the generator's GIL.
 With `--token` every lookup carries a client token (`kiln token create`), as off loopback.
+`--distributed` migrates and fills the database at `--database-url` (give it a scratch one)
+and uses Redis keys under a prefix of its own (`kiln-load-<port>:`).
 The per-token rate limit is off for the run (KILN_RATE_LIMIT_PER_S=0): a fleet's lookups
 come from many tokens, this generator is one.
 """
