@@ -91,7 +91,8 @@ class LookupAnswers:
     def __init__(self, reader: ScheduleReader, hits: HitBuffer, keep_s: float) -> None:
         self.reader, self.hits, self.keep_s = reader, hits, keep_s
         self._kept: dict[str, tuple[float, Answer]] = {}  # key -> (expiry, answer)
-        self._reading: dict[str, asyncio.Future[Answer]] = {}
+        self._reading: dict[str, asyncio.Future[Answer]] = {}  # reads under way, shared
+        self._forgets = 0
 
     async def answer(self, key: str) -> Answer:
         """The answer for `key` (any string from the URL), counting a served schedule."""
@@ -109,7 +110,9 @@ class LookupAnswers:
 
     def forget(self, key: str) -> None:
         """Drop a kept answer: the entry changed in this process (invalidation, re-tune)."""
+        self._forgets += 1  # a read under way may have seen the old entry: not kept
         self._kept.pop(key, None)
+        self._reading.pop(key, None)
 
     async def _read(self, key: str) -> Answer:
         loop = asyncio.get_running_loop()
@@ -119,8 +122,9 @@ class LookupAnswers:
                 return await asyncio.shield(pending)
             except asyncio.CancelledError:
                 if not pending.cancelled():
-                    raise  # this request was cancelled, not the shared read
-        # (or the request that was reading was cancelled: read again)
+                    raise  # this request was cancelled
+                # the request that was reading was cancelled: this one reads
+        forgets = self._forgets
         future: asyncio.Future[Answer] = loop.create_future()
         self._reading[key] = future
         try:
@@ -131,7 +135,7 @@ class LookupAnswers:
             else:
                 answer = render(key, row)
                 if self.keep_s > 0 and answer.hit and row is not None \
-                        and row.job_status not in _UNSETTLED:
+                        and row.job_status not in _UNSETTLED and forgets == self._forgets:
                     self._keep(key, answer)
             future.set_result(answer)
             return answer

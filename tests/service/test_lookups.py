@@ -217,3 +217,38 @@ def test_a_locked_database_answers_503_with_retry_after(sqlite_ctx: ServiceConte
         finally:
             holder.close()
         assert c.get(f"/v1/schedules/{key}").status_code == 200
+
+
+def test_concurrent_lookups_of_a_key_share_one_read_and_a_forget_wins_over_it(
+        sqlite_ctx: ServiceContext) -> None:
+    from service.api.lookup_answers import LookupAnswers
+    from service.context import HitBuffer
+    from service.hotpath import ScheduleReader
+
+    key = _entry(sqlite_ctx, "heuristic", "done")
+    reader = ScheduleReader(sqlite_ctx)
+    reads = []
+    real_lookup = reader.lookup
+
+    async def counted(k: str) -> Any:
+        reads.append(k)
+        await asyncio.sleep(0.05)  # the read is under way while the others arrive
+        return await real_lookup(k)
+
+    reader.lookup = counted  # type: ignore[method-assign]
+    answers = LookupAnswers(reader, HitBuffer(), keep_s=3600.0)
+
+    async def run() -> None:
+        together = await asyncio.gather(*(answers.answer(key) for _ in range(5)))
+        assert len(reads) == 1 and {a.status for a in together} == {200}
+        assert (await answers.answer(key)).status == 200 and len(reads) == 1  # kept
+        answers.forget(key)
+        during = asyncio.ensure_future(answers.answer(key))
+        await asyncio.sleep(0.01)
+        answers.forget(key)  # the entry changed while that read was under way
+        await during
+        await answers.answer(key)
+        assert len(reads) == 3  # what the read under way saw was not kept
+        await reader.close()
+
+    asyncio.run(run())
