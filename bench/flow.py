@@ -1,7 +1,7 @@
 """The whole service flow on one GPU box: serve, tune, fetch, run — on the public model set.
 
     python -m bench.flow                       # every model, BENCH.md sizes, on cuda
-    python -m bench.flow --models gpt2 --out bench/results/flow_gpt2.json
+    python -m bench.flow --models gpt2 --out /tmp/flow_gpt2.json
     TRITON_INTERPRET=1 python -m bench.flow --device cpu --small --models gpt_block_train
 
 It starts the service the way a one-machine user would: `kiln serve` alone (SQLite,
@@ -24,8 +24,12 @@ from the first submission to the last job finished (the service's own timestamps
 
 Several GPUs of one host: `--gpus N` tunes with N workers (GPUs 0..N-1); `--gpus 1,2` runs
 the whole set once per count in the same command, each with a fresh service and fresh
-compile caches, and writes `wall_s_1gpu`, `wall_s_2gpu` (to bench/results/flow_h200x2.json
-unless `--out` says otherwise). `--no-measure` skips the timing of the second phase.
+compile caches, and writes `wall_s_1gpu`, `wall_s_2gpu` and each count's record
+(`per_gpu_count`). `--no-measure` skips the timing of the second phase.
+
+Without `--out` a GPU run's record, with its commit and time, joins `runs` of
+bench/results/flow_h200.json (the flow's one results file) and a CPU run's is not written;
+`--out` writes the record alone.
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.records import append_run, stamp
+
 ROOT = Path(__file__).resolve().parent.parent
+FLOW_RESULTS = ROOT / "bench" / "results" / "flow_h200.json"
 RESULT_MARK = "FLOW_RESULT "
 FINAL_JOBS = ("done", "failed")
 
@@ -391,12 +398,11 @@ def orchestrate(args: argparse.Namespace) -> int:
         raise SystemExit("--gpus needs --device cuda and a visible GPU")
     counts = gpu_counts(args.gpus, visible)
     listed = args.gpus is not None and "," in args.gpus
-    out = args.out or ROOT / "bench" / "results" / ("flow_h200x2.json" if listed else "flow_h200.json")
     redis = None if args.redis == "off" else args.redis or shutil.which("redis-server")
     runs = [_run(args, cases, list(range(n)), redis, f"flow_logs_{n}gpu" if listed else "flow_logs")
             for n in (counts or [visible])]
     result: dict[str, Any] = {
-        "command": " ".join(["python -m bench.flow", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.flow", *sys.argv[1:]]), **stamp(),
         "device": torch.cuda.get_device_name(0) if visible else "cpu",
         "gpus_visible": visible, "torch": torch.__version__,
         "tune_seconds": args.tune_seconds, "tune_trials": args.tune_trials}
@@ -408,13 +414,17 @@ def orchestrate(args: argparse.Namespace) -> int:
         print("\n" + "; ".join(f"{run['gpus']} GPU(s): {run['wall_s']} s" for run in runs)
               + f" (last / first: {walls[-1] / walls[0]:.2f})")
     if listed:
-        result["runs"] = runs
+        result["per_gpu_count"] = runs
     else:
         (run,) = runs
         result.update(run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nwrote {out}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"\nwrote {args.out}")
+    elif visible:
+        FLOW_RESULTS.write_text(json.dumps(append_run(FLOW_RESULTS, result), indent=1) + "\n")
+        print(f"\nadded the run to {FLOW_RESULTS}")
     return 0 if all(_run_ok(run) for run in runs) else 1
 
 
@@ -436,12 +446,12 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: redis-server on PATH, else the embedded serve)")
     parser.add_argument("--gpus", default=None, metavar="N|1,2",
                         help="tuning workers (GPUs 0..N-1; default every visible GPU); a list "
-                             "runs the set once per count (default --out flow_h200x2.json)")
+                             "runs the set once per count")
     parser.add_argument("--no-measure", action="store_true",
                         help="skip the second phase (hit and wall clock per case)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="the JSON record (default bench/results/flow_h200.json, or "
-                             "flow_h200x2.json with a list of --gpus)")
+                        help="write the JSON record here alone (default: a GPU run joins "
+                             "the runs of bench/results/flow_h200.json, a CPU run is not written)")
     client = sub.add_parser("client", help="(internal) one case through backend='kiln'")
     add_case_arguments(client)
     client.add_argument("--measure", action="store_true")

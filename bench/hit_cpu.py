@@ -5,7 +5,8 @@
 
 On an H200 a fresh client's first step on a service hit is bound, after dynamo, by kiln's
 own CPU work, which the GIL serializes across the forward's and the backward's threads
-(`bench/results/models_hit_preload_h200.json`). This runs that work for real-size graphs on
+(py-spy samples of resnet18 and GPT-2 hits at b383060: `git show
+295b4e6:bench/results/models_hit_preload_h200.json`). This runs that work for real-size graphs on
 the CPU, for an sm_90 target, so that it can be measured where there is no GPU to lend:
 
 1. here: one training step of the model is captured with AOTAutograd (kiln's decomposition
@@ -164,14 +165,15 @@ def measure(model: str, graphs: list[Path]) -> dict[str, dict[str, float]]:
     from triton.runtime.driver import driver
 
     import compiler
-    from compiler.runtime import compile_pool, triton_key
+    from compiler import aot
+    from compiler.runtime import triton_key
 
     _as_after_dynamo(model)
     target = compiler.Target.named("sm_90", name="NVIDIA H200")
     compiler.decompositions()  # the backend's warm-up thread builds it before the first step
-    driver.set_active(compile_pool.StandInDriver(90))
+    driver.set_active(aot.StandInDriver(90))
     triton_key.ensure()  # a child's work on a hit, not the compiling threads'
-    compile_pool.backend_hash(driver.active.get_current_target())  # the client's kiln-prepare thread's
+    aot.backend_hash(driver.active.get_current_target())  # the client's kiln-prepare thread's
     gc.disable()
     return {p.stem: _phases(p.read_text(), target) for p in graphs}
 

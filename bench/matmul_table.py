@@ -122,7 +122,8 @@ def _time(built: Any, gi: list[Any]) -> float:
 
 def measure(device: torch.device) -> dict[str, Any]:
     import compiler
-    from compiler.runtime import compile_pool, static_launch
+    from compiler import aot
+    from compiler.runtime import static_launch
 
     target = compiler.Target.detect(str(device))
     rows = shapes()
@@ -135,7 +136,7 @@ def measure(device: torch.device) -> dict[str, Any]:
     jobs = [job for _, _, variants in builds for built in variants.values()
             for job in built._compile_jobs(built.launches())]
     static_launch.lazy_driver()
-    compile_pool.compile_ahead(jobs, launchers=not static_launch.available())
+    aot.compile_ahead(jobs, launchers=not static_launch.available())
     print(f"built {len(builds)} shapes x 3 variants, {len(jobs)} kernels compiled in "
           f"{time.perf_counter() - started:.0f} s", flush=True)
     while builds:

@@ -102,10 +102,10 @@ def graph_states() -> list[dict[str, Any]]:
     from, and its CUDA graph runner's state (None where it has none): replays, captures made
     again after a refused replay, whether replay was given up, and how many inputs a replay
     copies in (`staged`) or reads in place (`direct`) and outputs it copies out."""
-    from kiln import backend
+    from kiln import session
 
     states = []
-    for entry in backend.compiled_graphs():
+    for entry in session.compiled_graphs():
         runner = entry.built._graphs if entry.built is not None else None
         state = None if runner is None else {
             "replays": runner.replays, "recaptures": runner.recaptures, "failed": runner.failed,

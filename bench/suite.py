@@ -5,6 +5,11 @@ median ms (do_bench, L2 flushed), the time from a cold start to the first compil
 and for kiln the tuning time and trials. Copy bandwidth and the bf16 matmul rate are
 measured in the same run and give the roofline. `--device cpu` runs the cases at small
 shapes on the Triton interpreter: correctness only, never speed.
+
+The JSON record (`bench/results/suite_h200.json` on a GPU unless `--out`; nothing on the CPU
+unless `--out`) lists its runs (command, versions, ceilings, commit, time) and one row per
+case naming the run it came from. `--merge` lays this run's rows over the file's: a case
+measured again replaces its row, the others stay with their runs.
 """
 
 from __future__ import annotations
@@ -156,6 +161,23 @@ NOTES = {
 }
 
 
+def merged(old: dict, new: dict) -> dict:
+    """`new`'s rows laid over `old`'s: a case measured again replaces its row, the rest keep
+    theirs; each row's `run` indexes `runs`, and a run no row comes from any more is dropped."""
+    runs = old["runs"] + new["runs"]
+    rows = {r["case"]: r for r in old["cases"]}
+    for r in new["cases"]:
+        rows[r["case"]] = {**r, "run": r["run"] + len(old["runs"])}
+    used = sorted({r["run"] for r in rows.values()})
+    renumber = {was: now for now, was in enumerate(used)}
+    return {
+        **old,
+        **new,
+        "runs": [runs[i] for i in used],
+        "cases": [{**r, "run": renumber[r["run"]]} for r in rows.values()],
+    }
+
+
 def _write(path: str, result: dict) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
@@ -281,7 +303,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tune-trials", type=int, default=None, help="trial budget per graph")
     p.add_argument("--strategy", default="auto", help="auto | exhaustive | coordinate | halving")
     p.add_argument(
-        "--out", default=None, help="JSON output path (default bench/results/<device>.json)"
+        "--out",
+        default=None,
+        help="JSON output path (default bench/results/suite_h200.json on a GPU, none on the CPU)",
+    )
+    p.add_argument(
+        "--merge", action="store_true", help="lay this run's rows over the --out file's, by case"
     )
     args = p.parse_args(argv)
     args.cases = [c for c in args.cases.split(",") if c]
@@ -351,18 +378,27 @@ def _main(argv: list[str] | None) -> int:
         if args.device.startswith("cuda")
         else platform.processor() or "cpu"
     )
-    result = {
+    from bench.records import ROOT, stamp
+
+    run = {
+        "command": "python -m bench.suite " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": device_name,
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "command": "python -m bench.suite " + " ".join(argv if argv is not None else sys.argv[1:]),
         "ceilings": ceilings,
         "target": target.to_json(),
-        "notes": NOTES,
-        "cases": [],
+        **stamp(),
     }
-    out = args.out or os.path.join("bench", "results", f"{args.device.split(':')[0]}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    result = {"notes": NOTES, "runs": [run], "cases": []}
+    out = args.out
+    if out is None and args.device.startswith("cuda"):
+        out = str(ROOT / "bench" / "results" / "suite_h200.json")
+    earlier = None
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        if args.merge and os.path.exists(out):
+            with open(out) as fh:
+                earlier = json.load(fh)
     # One runner child and one compile pool for the whole suite: they start once.
     runner = Runner(args.device)
     rows = result["cases"]
@@ -375,8 +411,10 @@ def _main(argv: list[str] | None) -> int:
             log.exception("case %s failed", name)
             row = {"case": name, "errors": {"case": f"{type(exc).__name__}: {exc}"[:400]}}
         row["wall_s"] = time.perf_counter() - started
+        row["run"] = 0
         rows.append(row)
-        _write(out, result)  # after every case, so a run cut short keeps what it measured
+        if out:  # after every case, so a run cut short keeps what it measured
+            _write(out, merged(earlier, result) if earlier else result)
         gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -385,7 +423,8 @@ def _main(argv: list[str] | None) -> int:
     print(first_call_table(rows))
     print()
     print(summary_table(rows))
-    print(f"\nJSON: {out}")
+    if out:
+        print(f"\nJSON: {out}")
     return 0
 
 

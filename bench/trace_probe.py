@@ -5,11 +5,12 @@
 
 A service hit's first step is mostly dynamo's trace of the model, and on an H200 host that
 trace took longer in kiln's processes than in Inductor's on some draws (GPT-2 training:
-1.14 s against 0.78 s in `bench/results/models_hit_lookup_h200.json`). This separates the
-trace from everything a backend compiles: in each fresh process the model is made on the
-device, one backend is looked up as `torch.compile` looks it up (`none`: nothing; `kiln`:
+1.14 s against 0.78 s in a single-sample run at 1be3ae2: `git show
+295b4e6:bench/results/models_hit_lookup_h200.json`). This separates the trace from
+everything a backend compiles: in each fresh process the model is made on the device, one
+backend is looked up as `torch.compile` looks it up (`none`: nothing; `kiln`:
 `torch.compile(model, backend="kiln")`, which imports kiln's backend and runs its warm-up,
-`kiln.backend.warm_up`, run here also where no GPU makes the import skip it; `inductor`:
+`kiln.warmup.warm_up`, run here also where no GPU makes the import skip it; `inductor`:
 `torch.compile(model)`, which makes Inductor's wrapper and imports its compiler), and then the
 model's first step runs under `torch.compile` with a backend that returns dynamo's graph
 as it is. Printed per lookup: the median over `--repeat` processes (run interleaved, so a
@@ -43,9 +44,9 @@ def _look_up(lookup: str, module: Any) -> None:
         import kiln  # as the model suite names it: no installed entry point needed
 
         torch.compile(module, backend=kiln.remote_compile)
-        from kiln import backend
+        from kiln import warmup
 
-        backend.warm_up()  # where kernels load the import ran it; then this does nothing
+        warmup.warm_up()  # where kernels load the import ran it; then this does nothing
     elif lookup == "inductor":
         torch.compile(module)  # Inductor's wrapper: its config and compiler imported
 

@@ -157,6 +157,9 @@ class KernelGroup:
     `stored` are the members written to buffers. `name` is unique in its program (the
     schedule's key for the kernel); `stem` is the part of it that comes from the fused ops,
     and starts the Triton function's name, which is otherwise made from the source itself.
+    `fused_bytes` is the memory traffic its fusion saves (Inductor's score_fusion_memory):
+    every member that another member reads would, in kernels of their own, be written
+    (unless it is stored anyway) and read back.
     """
 
     name: str
@@ -170,6 +173,7 @@ class KernelGroup:
     reads: list[fx.Node] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
     stem: str = "kernel"
+    fused_bytes: int = 0
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -96,7 +96,7 @@ def _child(args: argparse.Namespace) -> None:
     # Background compiles (KILN_BACKGROUND=1): training goes on eagerly until the compiled
     # graphs are in; the first step that starts after that runs on kiln's kernels.
     eager_steps = 0
-    while kiln_case and not kiln.backend.wait_compiled(0):
+    while kiln_case and not kiln.wait_compiled(0):
         step()
         eager_steps += 1
     if eager_steps:

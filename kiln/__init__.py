@@ -1,7 +1,8 @@
 """kiln client: `torch.compile(model, backend="kiln")` with schedules tuned by the service.
 
 `import kiln` stays light (no torch, no compiler) until the backend is first used:
-`kiln.remote_compile` and `kiln.wait_compiled` load on access.
+`kiln.remote_compile` (`kiln.backend`) and `kiln.wait_compiled` (`kiln.session`) load on
+access.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from kiln.report import report
 __all__ = ["Config", "KilnWarning", "configure", "remote_compile", "report", "stats",
            "timeline", "wait_compiled"]
 
+_LAZY = {"remote_compile": "kiln.backend", "wait_compiled": "kiln.session"}
+
 logs.apply()  # KILN_LOG_LEVEL, and kiln's lines shown without a logging setup
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("remote_compile", "wait_compiled"):
-        value = getattr(import_module("kiln.backend"), name)
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")

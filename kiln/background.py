@@ -1,9 +1,9 @@
 """Compiling off the training thread (`KILN_BACKGROUND=1`).
 
 With it, each aten graph AOTAutograd hands to kiln runs eagerly (the aten graph itself)
-from its first call, while one daemon thread does kiln's part of the work: converting and
-keying the graph, finding its schedule (cache, service, local heuristic), generating the
-kernels and loading them onto the GPU. The build is then installed between two calls
+from its first call, while one daemon thread (its configuration's, `kiln.session`) does
+kiln's part of the work: converting and keying the graph, finding its schedule (cache,
+service, local heuristic), generating the kernels and loading them onto the GPU. The build is then installed between two calls
 (`CompiledGraph.install`). The first step of a job costs eager plus torch.compile's own
 tracing (dynamo and AOTAutograd, which must stay on the calling thread: their tracers patch
 `torch.nn.Module` for the whole process while they run); kiln's kernels take over a few

@@ -2,7 +2,7 @@
 loads the binaries a worker compiled instead of compiling them.
 
 `Built.precompile` asks Triton's JIT, per distinct launch, what it would compile, and that
-specialisation gives the launch's Triton cache key (`compiler.runtime.compile_pool`). While
+specialisation gives the launch's Triton cache key (`compiler.aot`). While
 `Resolver` precompiles a graph, `ServiceBinaries` is that thread's binary source: it asks
 the service for the keys Triton's cache lacks (one request), and each binary it receives is
 written into Triton's cache only if
@@ -12,7 +12,7 @@ written into Triton's cache only if
 - the files are one kernel's metadata and cubin, the metadata naming that cache key.
 Triton's JIT then finds the binary under the key it computes itself and loads it without
 compiling. A refused binary is compiled here (one warning); a binary that does not load
-makes the resolver compile the graph's kernels here (one warning, `Resolver._build`).
+makes the resolver compile the graph's kernels here (one warning, `precompile`).
 Binaries are never required: no service, a miss or `KILN_BINARIES=off` compile as before.
 """
 
@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from typing import Any
 
-from compiler.runtime import compile_pool
+from compiler import aot
 from kiln import degrade
 from kiln.client import Binary, ServiceClient, ServiceError
 
 log = logging.getLogger("kiln")
 
 
-def refusal(job: compile_pool.CompileJob, key: str, binary: Binary) -> str | None:
+def refusal(job: aot.CompileJob, key: str, binary: Binary) -> str | None:
     """Why `binary` may not stand for `job`'s compile under `key`, or None."""
     if binary.source_hash != job.source_hash:
         return (f"it was compiled from source {binary.source_hash[:12]}, this client generated "
@@ -36,23 +37,23 @@ def refusal(job: compile_pool.CompileJob, key: str, binary: Binary) -> str | Non
     for name, (digest, data) in binary.files.items():
         if hashlib.sha256(data).hexdigest() != digest:
             return f"file {name[:80]} does not match its sha256"
-    return compile_pool.check_binary_files(key, binary.data)
+    return aot.check_binary_files(key, binary.data)
 
 
 class ServiceBinaries:
-    """A `compile_pool.BinarySource` that fetches binaries from the kiln service."""
+    """A `compiler.aot.BinarySource` that fetches binaries from the kiln service."""
 
     def __init__(self, client: ServiceClient) -> None:
         self.client = client
 
-    def __call__(self, jobs: list[compile_pool.CompileJob]) -> set[str]:
+    def __call__(self, jobs: list[aot.CompileJob]) -> set[str]:
         with degrade.timed("fetch_binaries"):
             return self._fetch(jobs)
 
-    def _fetch(self, jobs: list[compile_pool.CompileJob]) -> set[str]:
-        wanted: dict[str, compile_pool.CompileJob] = {}
+    def _fetch(self, jobs: list[aot.CompileJob]) -> set[str]:
+        wanted: dict[str, aot.CompileJob] = {}
         for job in jobs:
-            key = compile_pool.job_key(job)
+            key = aot.job_key(job)
             if key is not None:
                 wanted.setdefault(key, job)
         if not wanted:
@@ -76,7 +77,7 @@ class ServiceBinaries:
                 degrade.warn_once("binary_refused", f"kernel {job.kernel}: {why}")
                 continue
             try:
-                compile_pool.install_binary(key, binary.data)
+                aot.install_binary(key, binary.data)
             except (OSError, ValueError) as exc:
                 degrade.warn_once("cache", f"Triton's cache: {exc}")
                 continue
@@ -84,3 +85,21 @@ class ServiceBinaries:
         degrade.count("binaries_fetched", len(installed))
         degrade.count("binaries_missed", len(wanted) - len(got))
         return installed
+
+
+def precompile(built: Any, device: Any, source: ServiceBinaries | None, key: str) -> None:
+    """Compile or load every kernel of `built` onto `device`, taking the compiled kernels
+    `source` has (None: compile them all here). Should one of those not load, they are
+    all taken back (nothing of theirs stays in Triton's cache or its JIT) and the graph's
+    kernels are compiled here, with one warning."""
+    with aot.binary_source(source) as placed:
+        try:
+            built.precompile(device)
+        except Exception as exc:
+            if not placed:
+                raise
+            degrade.warn_once("binary_load", f"{key[:12]}: {type(exc).__name__}: "
+                                             f"{str(exc)[:200]}")
+            aot.forget_binaries(placed, [i.fn for i in built.launches()])
+            with aot.binary_source(None):
+                built.precompile(device)

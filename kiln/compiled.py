@@ -9,7 +9,7 @@ started with and the next call gets the new one: swaps land between calls.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -185,3 +185,22 @@ class PerShapeGraph:
         """Signatures compiled so far."""
         with self._lock:
             return list(self._compiled)
+
+
+def device_of(example_inputs: Sequence[Any]) -> torch.device:
+    """The accelerator a graph runs on (a CPU scalar tensor beside CUDA inputs does not
+    make it a CPU graph); the CPU when every input is on it."""
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return x.device
+    return torch.device("cpu")
+
+
+def runs_eagerly_here(device: torch.device) -> bool:
+    """Whether kiln leaves a graph on `device` eager in this process: a CPU graph without
+    Triton's interpreter (TRITON_INTERPRET=1), where Triton cannot run kiln's kernels. The
+    one device check of both paths, AOTAutograd's (`kiln.resolve.convert`) and a plan's
+    (`PlanStore.key_for`)."""
+    from compiler import runs_on_cpu
+
+    return device.type == "cpu" and not runs_on_cpu()

@@ -176,7 +176,7 @@ def clock() -> float:
 def timeline() -> list[dict[str, object]]:
     """The timed compile steps of `stats()["seconds:<step>"]` one by one, in the order they
     ended: `step`, `thread` (the training thread is `MainThread`; `kiln-backward-ahead`,
-    `kiln-prepare`, `kiln-compiler` and `kiln-poller` are kiln's), `start` (`clock()` when
+    `kiln-prepare`, `kiln-compile` and `kiln-poller` are kiln's), `start` (`clock()` when
     it began), `seconds` and, for steps timed with `timed`, `cpu_seconds` (the thread's CPU
     time: the rest it waited). Steps nest (`resolve` holds `build` and `precompile`) and
     threads overlap, so where their seconds add up to more than a first step took, the

@@ -1,10 +1,10 @@
-"""Background poller: swaps tuned schedules into running graphs when the service has them.
+"""Background poller: the thread that swaps tuned schedules into running graphs.
 
-One daemon thread per process watches every graph that is not tuned yet. It submits the
-graph if the service never saw it (down at start, or invalidated), polls its schedule with
-a growing interval, builds the tuned schedule off the training thread and installs it
-(`CompiledGraph.install`, between calls). A graph leaves the watch list when it is tuned,
-when its job is over with nothing better, or after `Config.poll_for` seconds.
+One daemon thread per session (`kiln.session`) watches every graph its resolver settled
+before it was tuned. It runs each graph's polling rounds (`Resolver.poll_round`: submit
+if the service never saw it, read its schedule, build and install a tuned one off the
+training thread) with a growing interval. A graph leaves the watch list when a round says
+it needs no more, or after `Config.poll_for` seconds.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kiln.client import ServiceError
 from kiln.compiled import CompiledGraph
-from kiln.resolve import PollState, Resolver
+from kiln.resolve import PollState
 
 log = logging.getLogger("kiln")
 
@@ -26,34 +26,37 @@ MAX_INTERVAL = 10.0  # seconds: the slowest a pending graph is polled
 @dataclass
 class _Watch:
     entry: CompiledGraph
-    resolver: Resolver
     state: PollState
+    poll_round: Callable[[CompiledGraph, PollState], bool]
     give_up_at: float
     interval: float
     next_at: float = field(default=0.0)
 
 
 class Poller:
-    """The background thread; `watch()` adds a graph, `stop()` ends the thread."""
+    """The background thread (started by the first `watch()`); `stop()` ends it."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval: float, give_up_after: float) -> None:
+        self._first_interval = max(interval, 0.05)
+        self._give_up_after = give_up_after
         self._watches: list[_Watch] = []
         self._cond = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def watch(self, entry: CompiledGraph, resolver: Resolver, submitted: bool,
-              job_id: str | None) -> None:
-        """Poll for `entry`'s tuned schedule in the background."""
-        if resolver.client is None or entry.level == "tuned":
+    def watch(self, entry: CompiledGraph, state: PollState,
+              poll_round: Callable[[CompiledGraph, PollState], bool]) -> None:
+        """Run `poll_round(entry, state)` in the background until it returns True (or the
+        poller gives up on the graph)."""
+        if entry.level == "tuned":
             return
         now = time.monotonic()
-        interval = max(resolver.config.poll_interval, 0.05)
+        interval = self._first_interval
         with self._cond:
             if self._stopped:
                 return
-            self._watches.append(_Watch(entry, resolver, PollState(submitted, job_id),
-                                        give_up_at=now + resolver.config.poll_for,
+            self._watches.append(_Watch(entry, state, poll_round,
+                                        give_up_at=now + self._give_up_after,
                                         interval=interval, next_at=now + interval))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kiln-poller",
@@ -87,7 +90,7 @@ class Poller:
                 due = [w for w in self._watches if w.next_at <= time.monotonic()]
             for w in due:
                 try:
-                    done = self._step(w)
+                    done = w.poll_round(w.entry, w.state)
                 except Exception:  # the poller must never die
                     log.exception("kiln poller: unexpected error; dropping graph %s",
                                   w.entry.key[:12] if w.entry.key else "?")
@@ -104,29 +107,3 @@ class Poller:
     def _due(self) -> bool:
         now = time.monotonic()
         return any(w.next_at <= now for w in self._watches)
-
-    def _step(self, w: _Watch) -> bool:
-        """One poll of one graph; True when it needs no more polling."""
-        r, entry = w.resolver, w.entry
-        assert r.client is not None
-        try:
-            answer = r.poll(entry, w.state)
-            if answer.status == "unknown":  # never seen, or invalidated: submit next round
-                return False
-            if answer.status == "failed":
-                return True
-            if answer.status == "tuned" and answer.schedule is not None:
-                r.build_from(entry, answer.schedule, "tuned", "service")
-                return True  # a tuned schedule that cannot be built will not improve
-            if answer.status == "heuristic" and answer.schedule is not None \
-                    and entry.level == "eager":
-                r.build_from(entry, answer.schedule, "heuristic", "service")
-            last = r.settled(entry, w.state, answer)
-            if last is None:
-                return False
-            if last.status == "tuned" and last.schedule is not None:
-                r.build_from(entry, last.schedule, "tuned", "service")
-            return True
-        except ServiceError as exc:
-            r.failed(exc)
-            return False

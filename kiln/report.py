@@ -94,11 +94,11 @@ def _parts(*counts: tuple[float, str]) -> str:
 
 def _now() -> str:
     """The levels of the graphs this process still holds (none before the backend loads)."""
-    backend = sys.modules.get("kiln.backend")
-    if backend is None:
+    sessions = sys.modules.get("kiln.session")
+    if sessions is None:
         return ""
     levels: dict[str, int] = {}
-    for graph in backend.compiled_graphs():
+    for graph in sessions.compiled_graphs():
         levels[graph.level] = levels.get(graph.level, 0) + 1
     return ", ".join(f"{levels[level]} {level}" for level in ("tuned", "heuristic", "eager")
                      if level in levels)

@@ -36,9 +36,9 @@ class ServiceContext:
         # only once their rows are visible. A failed enqueue marks the job needs_enqueue, so a
         # resubmission or the next recovery pass enqueues it; a success clears a mark.
         failed, cleared, newly_failed = [], [], []
-        for stream, job_id, marked in store.take_after_commit(session):
+        for stream, job_id, tenant, marked in store.take_after_commit(session):
             try:
-                self.queue.enqueue(stream, job_id)
+                self.queue.enqueue(stream, job_id, tenant)
             except QueueUnavailable as exc:
                 log.warning("could not enqueue job %s (%s); recovery will retry", job_id, exc)
                 failed.append(job_id)
@@ -80,18 +80,37 @@ class ServiceContext:
         enqueue stays marked for the next pass. Returns the count of jobs enqueued."""
         stale_after_s = stale_after_s if stale_after_s is not None else 5 * self.settings.lease_s
         silent_s = max(self.settings.lease_s, 3 * self.settings.heartbeat_s)
+        self._adopt_legacy()
         lost = self.queue.lost_state()
         with self.transaction() as session:
-            todo = {job_id: (stage, qc) for job_id, stage, qc in store.bury_dead_workers(session, silent_s)}
-            todo.update({job_id: (stage, qc) for job_id, stage, qc in store.recoverable_jobs(
+            todo = {job_id: rest for job_id, *rest in store.bury_dead_workers(session, silent_s)}
+            todo.update({job_id: rest for job_id, *rest in store.recoverable_jobs(
                 session, lost, stale_after_s, self.settings.lease_s)})
-            for job_id, (stage, queue_class) in sorted(todo.items()):
+            for job_id, (stage, queue_class, tenant) in sorted(todo.items()):
                 # marked=True: a mark a job may carry is cleared once it is on the queue
-                store.enqueue_after_commit(session, stage, queue_class, job_id, marked=True)
+                store.enqueue_after_commit(session, stage, queue_class, job_id, tenant,
+                                           marked=True)
         enqueued = len(todo) - len(store.unqueued(session))
         if enqueued:
             log.info("re-enqueued %d job(s)%s", enqueued, " after the queue lost its state" if lost else "")
         return enqueued
+
+    def _adopt_legacy(self) -> None:
+        """Move the messages a kiln before fair queueing left in its one stream per queue
+        into their tenants' lines (upgrading a running deployment): the jobs still queued or
+        running go on the queue again, then the old messages are deleted. A crash in between
+        leaves duplicates, which are harmless, never a loss."""
+        legacy = self.queue.legacy()
+        if not legacy:
+            return
+        with self.transaction() as session:
+            for job_id, stage, queue_class, tenant in store.unfinished_jobs(
+                    session, [job for messages in legacy.values() for _mid, job in messages]):
+                store.enqueue_after_commit(session, stage, queue_class, job_id, tenant,
+                                           marked=True)
+        for stream, messages in sorted(legacy.items()):
+            self.queue.drop_legacy(stream, [mid for mid, _job in messages])
+            log.info("moved %d message(s) of %s into tenants' lines", len(messages), stream)
 
     def close(self) -> None:
         """Release connections."""

@@ -53,7 +53,19 @@ class Base(DeclarativeBase):
     pass
 
 
-class GraphRow(Base):
+class Created:
+    """A row's `created_at`, set when it is inserted."""
+
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class CreatedUpdated(Created):
+    """`created_at` and `updated_at`; whoever changes the row sets `updated_at`."""
+
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class GraphRow(Created, Base):
     """A validated wire graph, stored once per graph hash."""
 
     __tablename__ = "graphs"
@@ -64,10 +76,9 @@ class GraphRow(Base):
     wire: Mapped[str | None] = mapped_column(Text, nullable=True)
     op_summary: Mapped[dict] = mapped_column(JSON)
     num_nodes: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-class ScheduleRow(Base):
+class ScheduleRow(CreatedUpdated, Base):
     """One entry per tuning key: the key's components, its status and the schedule JSON."""
 
     __tablename__ = "schedules"
@@ -90,8 +101,6 @@ class ScheduleRow(Base):
     tuned_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     tuning_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     hits: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
@@ -119,7 +128,7 @@ class KernelRow(Base):
     compiled: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
-class JobRow(Base):
+class JobRow(CreatedUpdated, Base):
     """The work for one key. `stage` is build (CPU worker) or tune (GPU worker)."""
 
     __tablename__ = "jobs"
@@ -133,13 +142,14 @@ class JobRow(Base):
     # The GPU the tuning child ran on, as it reported it (`cuda:N`): with several GPUs per
     # host, which one tuned the key. Set when the tuning stage finishes.
     tuned_device: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The tenant whose submission created the job: the queue serves tenants in turn.
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT,
+                                        server_default=DEFAULT_TENANT)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Queued, but putting it on the queue failed (Redis down): the next submission of its key
     # or the next recovery pass enqueues it.
     needs_enqueue: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -189,7 +199,7 @@ class WorkerRow(Base):
     current_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
-class TokenRow(Base):
+class TokenRow(Created, Base):
     """An API token; only its sha256 is stored."""
 
     __tablename__ = "api_tokens"
@@ -200,18 +210,16 @@ class TokenRow(Base):
     tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT,
                                         server_default=DEFAULT_TENANT)
     name: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
-class DashboardSessionRow(Base):
+class DashboardSessionRow(Created, Base):
     """A dashboard login: the cookie holds a random id, this row its sha256. Logout deletes
     the row; revoking the admin token that opened it ends it too."""
 
     __tablename__ = "dashboard_sessions"
     id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), index=True)  # the admin token used
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
 
 
@@ -235,7 +243,7 @@ class LookupCountRow(Base):
     count: Mapped[int] = mapped_column(Integer, default=0)
 
 
-class KernelBinaryRow(Base):
+class KernelBinaryRow(Created, Base):
     """A kernel compiled for a target by the worker that compiled it, content-addressed by
     Triton's cache key (Triton's version, the kernel's source and specialisation, target,
     compile options). Opaque bytes to the service: stored and served, never loaded."""
@@ -247,7 +255,6 @@ class KernelBinaryRow(Base):
     kernel: Mapped[str] = mapped_column(String(200))  # a schedule's name for it (display)
     size: Mapped[int] = mapped_column(Integer)  # bytes of all its files
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class KernelBinaryFileRow(Base):
@@ -263,7 +270,7 @@ class KernelBinaryFileRow(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
-class PlanRow(Base):
+class PlanRow(Created, Base):
     """A kiln.plan/1 document (compiler/wire/plan.py), under the key its client computed,
     one per tenant (service/tenants.py): a tenant's client reads its own tenant's plans and
     the published ones (tenant `*`), so no other tenant's write reaches its jobs. First
@@ -275,7 +282,6 @@ class PlanRow(Base):
     kind: Mapped[str] = mapped_column(String(16))  # training | inference
     body: Mapped[str] = mapped_column(Text)  # plan_text(): canonical JSON, served as is
     bytes: Mapped[int] = mapped_column(Integer)  # of body, UTF-8
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     hits: Mapped[int] = mapped_column(Integer, default=0)
     last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # A published plan (tenant `*`): the tenant whose plan an admin published.

@@ -136,8 +136,8 @@ def compile_kernels(built: Any, target: Any) -> TargetCompile:
     calls alone have none), and the binary of each distinct kernel. Raises `TargetCompileError` naming the kernel, the target and
     the reason when one does not compile or does not fit. Needs a process whose Triton was
     imported with the interpreter off (see `compile_schedule`)."""
-    from compiler.runtime import compile_pool
-    from tuner import aot
+    from compiler import aot
+    from tuner.aot import AotError, compile_launch
     from tuner.space import limits_for
 
     aot.cuda_arch(target)  # ValueError for a target that is not CUDA sm_XY
@@ -155,14 +155,14 @@ def compile_kernels(built: Any, target: Any) -> TargetCompile:
             facts[spec.kernel] = dict(binaries[binary], compile_s=0.0)
             continue
         try:
-            compiled = aot.compile_launch(spec, target, limits)
-        except aot.AotError as exc:
+            compiled = compile_launch(spec, target, limits)
+        except AotError as exc:
             raise TargetCompileError(str(exc)) from exc
         facts[spec.kernel] = binaries[binary] = _facts(compiled, target)
         if compiled.key is not None and compiled.key not in records:
             records[compiled.key] = {"key": compiled.key, "kernel": spec.kernel,
                                      "source_hash": sources.get(spec.kernel), "arch": target.arch,
-                                     "files": compile_pool.binary_files(compiled.compiled)}
+                                     "files": aot.binary_files(compiled.compiled)}
     # An ATen call with no epilogue (a bare cuBLAS matmul) has no Triton code to compile.
     missing = [k.name for k in built.kernels if k.triton and k.name not in facts]
     if missing:

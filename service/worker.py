@@ -163,7 +163,7 @@ class Worker:
         except WorkerInterrupted:
             with self.ctx.transaction() as session:
                 store.release(session, job, self.id, "worker stopped; job given back")
-                store.enqueue_after_commit(session, stage, queue_class, job.id)
+                store.enqueue_after_commit(session, stage, queue_class, job.id, job.tenant)
             self.ctx.queue.ack(delivery)
             raise
         finally:
@@ -193,7 +193,7 @@ class Worker:
             with self.ctx.transaction() as session:
                 state = store.fail_attempt(session, job, self.id, error[:4000], attempts)
                 if state == "queued":
-                    store.enqueue_after_commit(session, stage, queue_class, job.id)
+                    store.enqueue_after_commit(session, stage, queue_class, job.id, job.tenant)
             self.ctx.queue.ack(delivery)
             self._finished(job, stage, "retry" if state == "queued" else "failed", started)
             return
@@ -211,7 +211,7 @@ class Worker:
             if stage == "build" and target_json["device_type"] != "cpu" and \
                     store.gpu_serves(session, queue_class, self._gpu_window_s()):
                 if store.hand_to_tuner(session, job, self.id):
-                    store.enqueue_after_commit(session, "tune", queue_class, job.id)
+                    store.enqueue_after_commit(session, "tune", queue_class, job.id, job.tenant)
             elif stage == "tune":
                 store.finish(session, job, self.id, self._tuned_note(outcome), outcome.device)
             else:

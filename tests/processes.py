@@ -58,7 +58,7 @@ SESSION_GRACE_S = 5.0  # how long processes ending as the session ends are given
 # multiprocessing helpers, and kiln's compile workers and Triton key child (by the code they
 # were started with).
 _ENDS_WITH_PARENT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
-_BOOT_MODULES = ("compiler.runtime.compile_pool", "compiler.runtime.triton_key")
+_BOOT_MODULES = ("compiler.aot.pool", "compiler.runtime.triton_key")
 
 
 def _ends_with_this_process(pid: int, cmdline: str) -> bool:

@@ -5,53 +5,19 @@ per-parameter domains, clipped to the kernel's sizes, and its pruning: a point t
 cannot fit the target (shared memory, registers, threads per block) is dropped here with
 a reason, so no compile is spent on it (Triton's autotuner only learns this after
 compiling, and BENCH.md records Inductor's max-autotune losing minutes that way). A
-kernel's space is the union over the kinds that can compute its group.
+kernel's space is the union over the kinds that can compute its group. The target's
+limits are `compiler.codegen.limits`'s, the table the heuristic fits its configs to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from compiler.codegen import kinds
-from compiler.wire.keys import compute_capability
+from compiler.codegen.limits import TargetLimits, limits_for
 from tuner.records import Candidate
 
-
-@dataclass(frozen=True)
-class TargetLimits:
-    """Per-block hardware limits that decide whether a config can launch at all."""
-
-    shared_memory: int  # bytes of shared memory one block may use
-    registers_per_thread: int
-    registers_per_block: int
-    max_threads: int
-    # Upper bound on elements one block keeps live; the interpreter is slow past this.
-    max_block_elements: int = 1 << 17
-
-
-# Opt-in shared memory per block by compute capability (CUDA programming guide, table 21).
-_SHARED_BY_CC = {(9, 0): 232448, (8, 0): 166912, (8, 7): 166912, (8, 6): 101376, (8, 9): 101376}
-CPU_LIMITS = TargetLimits(
-    shared_memory=1 << 20,
-    registers_per_thread=255,
-    registers_per_block=65536,
-    max_threads=1024,
-    max_block_elements=1 << 14,
-)
-
-
-def limits_for(target: Any) -> TargetLimits:
-    """Limits of a `compiler.Target` (or anything with `device_type` and `arch`)."""
-    if getattr(target, "device_type", "cpu") != "cuda":
-        return CPU_LIMITS
-    cc = compute_capability(str(getattr(target, "arch", "sm_80"))) or (8, 0)
-    return TargetLimits(
-        shared_memory=_SHARED_BY_CC.get(cc, 49152),
-        registers_per_thread=255,
-        registers_per_block=65536,
-        max_threads=1024,
-    )
+__all__ = ["TargetLimits", "candidates", "limits_for", "neighbours", "prune_reason", "raw_space"]
 
 
 def prune_reason(

@@ -86,6 +86,26 @@ def cast(op: object, dtype: torch.dtype) -> str:
     raise Unsupported(f"operand {op!r} is neither a tensor nor a number")
 
 
+_GATHERED = "gathered_"
+
+
+def gathered(name: str) -> str:
+    """The position an index op loads from tensor `name` (a gather's index), as the op
+    rules declare their reads: a symbol that no kernel's own index equals."""
+    return f"{_GATHERED}{name}"
+
+
+def is_gathered(expr: str) -> bool:
+    """Whether an index expression depends on a position loaded from a tensor."""
+    return _GATHERED in expr
+
+
+def dim_names(flat: str, shape: tuple[int, ...], prefix: str) -> Index:
+    """The per-dim index of a flat index over `shape` as a kernel names it: `0` for a
+    size-1 dim, `flat` itself for the one dim it is, `<prefix><d>` for the others."""
+    return tuple(e if e in ("0", flat) else f"{prefix}{d}" for d, e in enumerate(decompose(flat, shape)))
+
+
 def norm_dim(dim: int, rank: int) -> int:
     """A dim argument (possibly negative) as an index into a shape of `rank` dims."""
     return dim + rank if dim < 0 else dim

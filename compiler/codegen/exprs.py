@@ -18,6 +18,7 @@ from compiler.codegen.common import (
     Index,
     Unsupported,
     Var,
+    broadcast_index,
     cast,
     compute_dtype,
     linear_expr,
@@ -538,11 +539,128 @@ _ELEMENTWISE: dict[str, Callable[[Call], str]] = {
     "where": _where, "masked_fill": _masked_fill,
 }
 
-POINTWISE: dict[str, PointwiseRule] = {
-    **{name: elementwise(rule) for name, rule in _ELEMENTWISE.items()},
+_GENERATORS: dict[str, PointwiseRule] = {
     "arange": _arange, "iota": _arange,
     **dict.fromkeys(("full", "full_like", "scalar_tensor", "zeros", "ones", "zeros_like",
                      "ones_like", "empty_like", "empty", "new_zeros", "new_ones", "new_full",
                      "new_empty", "fill", "empty_strided", "empty_permuted",
                      "new_empty_strided"), _full),
+}
+
+POINTWISE: dict[str, PointwiseRule] = {
+    **{name: elementwise(rule) for name, rule in _ELEMENTWISE.items()},
+    **_GENERATORS,
+}
+
+
+# ---- what each rule reads, and what it refuses: metadata, no code emitted ------------------
+
+
+def reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
+    """Where the value of pointwise `node` at `idx` reads each input: an elementwise op its
+    positional tensor arguments at the broadcast index (as `elementwise` loads them), a
+    generator nothing but `fill`'s tensor value (one element)."""
+    name = base_name(node)
+    if name in _GENERATORS:
+        value = node.args[1] if name == "fill" and len(node.args) > 1 else None
+        return [(value, ())] if isinstance(value, fx.Node) else []
+    shape = meta(node).shape
+    return [(a, broadcast_index(idx, shape, meta(a).shape)) for a in node.args if isinstance(a, fx.Node)]
+
+
+def refusal(node: fx.Node) -> str | None:
+    """Why pointwise `node` cannot be computed in a kernel (an ATen call computes it), or
+    None: each rule's `Unsupported` cases, read from the node's arguments and metadata."""
+    name = base_name(node)
+    out = meta(node)
+    if name in _GENERATORS:
+        return _generator_refusal(node, compute_dtype(out.dtype))
+    for a in node.args:
+        if isinstance(a, fx.Node) and len(meta(a).shape) > len(out.shape):
+            return f"cannot broadcast {meta(a).shape} to {out.shape}"
+    special = _REFUSALS.get(name)
+    reason = special(node) if special is not None else None
+    return reason or _scalar_refusal(node)
+
+
+def _operand_dtypes(node: fx.Node) -> list[object]:
+    """The node's positional operands as type promotion sees them (tensors as `Var`s)."""
+    return [Var("", compute_dtype(meta(a).dtype)) if isinstance(a, fx.Node) else a
+            for a in node.args if isinstance(a, (fx.Node, bool, int, float))]
+
+
+def _scalar_refusal(node: fx.Node) -> str | None:
+    """An integer constant that does not fit the integer dtype it is cast to (`literal`)."""
+    scalars = [a for a in (*node.args, node.kwargs.get("alpha"), node.kwargs.get("value"))
+               if isinstance(a, int) and not isinstance(a, bool)]
+    if not scalars:
+        return None
+    targets = {compute_dtype(meta(node).dtype), compute_dtype(promote(_operand_dtypes(node)))}
+    for dtype in targets:
+        if dtype.is_floating_point or dtype == torch.bool:
+            continue
+        info = torch.iinfo(dtype)
+        if any(not info.min <= v <= info.max for v in scalars):
+            return f"an integer constant does not fit {dtype}"
+    return None
+
+
+def _generator_refusal(node: fx.Node, cd: torch.dtype) -> str | None:
+    if base_name(node) in ("arange", "iota") or base_name(node) == "fill" and isinstance(node.args[1], fx.Node):
+        return None
+    value = _fill_value(node)
+    if isinstance(value, fx.Node):
+        return f"{base_name(node)} with a tensor value"
+    if isinstance(value, int) and not isinstance(value, bool) and not cd.is_floating_point \
+            and cd != torch.bool and not torch.iinfo(cd).min <= value <= torch.iinfo(cd).max:
+        return f"an integer constant does not fit {cd}"
+    return None
+
+
+def _cd(node: fx.Node) -> torch.dtype:
+    return compute_dtype(meta(node).dtype)
+
+
+def _copy_refusal(node: fx.Node) -> str | None:
+    return None if isinstance(node.args[0], fx.Node) else f"{base_name(node)} of a non-tensor"
+
+
+def _float_refusal(node: fx.Node) -> str | None:
+    return None if _cd(node).is_floating_point else f"{base_name(node)} producing {meta(node).dtype}"
+
+
+def _rounding_refusal(node: fx.Node) -> str | None:
+    return "round with decimals" if "decimals" in node.kwargs or len(node.args) > 1 else None
+
+
+def _pow_refusal(node: fx.Node) -> str | None:
+    base, e = node.args[0], node.args[1]
+    cd = _cd(node)
+    if not isinstance(base, fx.Node):
+        ok = isinstance(base, (int, float)) and cd.is_floating_point
+    elif isinstance(e, (int, float)) and not isinstance(e, bool):
+        ok = e in (0, 1, 2, 3) or cd.is_floating_point or isinstance(e, int) and 0 < e <= 8
+    else:
+        ok = isinstance(e, fx.Node) and cd.is_floating_point
+    return None if ok else f"pow with exponent {e!r} on {cd}"
+
+
+def _bitwise_refusal(node: fx.Node) -> str | None:
+    return "bitwise op on floats" if _cd(node).is_floating_point else None
+
+
+def _gelu_backward_refusal(node: fx.Node) -> str | None:
+    return "tanh gelu_backward" if node.kwargs.get("approximate", "none") != "none" else None
+
+
+def _sign_refusal(node: fx.Node) -> str | None:  # -1 has no unsigned literal
+    return "an integer constant does not fit torch.uint8" if _cd(node) == torch.uint8 else None
+
+
+# Each op's own `Unsupported` cases (beyond broadcasting and integer constants), by name.
+_REFUSALS: dict[str, Callable[[fx.Node], str | None]] = {
+    **{name: _copy_refusal for name, rule in _ELEMENTWISE.items() if rule is _copy_of},
+    **dict.fromkeys(_UNARY_FLOAT, _float_refusal), **dict.fromkeys(_ROUNDING, _rounding_refusal),
+    **dict.fromkeys(_BITWISE, _bitwise_refusal), "pow": _pow_refusal,
+    "gelu_backward": _gelu_backward_refusal, "sign": _sign_refusal, "sgn": _sign_refusal,
 }

@@ -38,19 +38,7 @@ def check(node: fx.Node) -> None:
         raise Unsupported(f"matmul of {da} x {db}")
 
 
-def check_member(group: KernelGroup, writer: Writer, node: fx.Node) -> None:
-    """Evaluate the member `node` alone at its index in the template's epilogue, the
-    accumulator set at its own: raises NotFusible when `node` needs the matmul's result at
-    another index (fusion's check for a member joining this kernel)."""
-    mm = group.anchors[0]
-    out = meta(mm)
-    natural, flat = _output_index(out.shape)
-    writer.anchors[mm] = (natural, "acc")
-    idx = pointwise.member_index(writer, node, natural, out.shape, flat)
-    writer.value(node, idx, "mmask")
-
-
-def _output_index(shape: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
+def output_index(shape: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
     """The epilogue's index of an output of `shape` ([batch,] M, N): per dim (`rb`, `rm`,
     `rn`), and flat."""
     M, N = shape[-2:]
@@ -107,7 +95,7 @@ def generate(group: KernelGroup, writer: Writer, comment: list[str]) -> Generate
     w.emit(f"acc = tl.dot(a, b, acc{precision})")
     w.pop()
     w.emit("mmask = (rm < M) & (rn < N)")
-    natural, flat = _output_index(out.shape)
+    natural, flat = output_index(out.shape)
     value = "acc" if alpha == 1 else f"acc * {literal(alpha, torch.float32)}"
     if bias is not None:
         bv = w.value(bias, broadcast_index(natural, out.shape, meta(bias).shape), "mmask")

@@ -2,9 +2,8 @@
 
 The pieces every reduction variant is made of: parsing a reduction node
 (`reduction_info`), one reduction's accumulator (`Reducer`) and the kernel's row frame
-(`RowFrame`: prologue, row loops, stores). The variants themselves (looped, persistent,
-online: how they loop over the rows) are the reduction kind's, in
-`compiler.codegen.kinds.reduction`; the source depends on the variant, never on the
+(`RowFrame`: prologue, row loops, stores). The variants themselves (how they loop over the
+rows) are the reduction kind's, listed in `compiler.codegen.kinds.reduction`; the source depends on the variant, never on the
 block sizes.
 
 NaN follows torch: a floating max/min is NaN when any reduced element is NaN, and
@@ -20,7 +19,15 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from compiler.codegen.common import Index, NotFusible, Unsupported, compute_dtype, literal, tl_dtype
+from compiler.codegen.common import (
+    Index,
+    NotFusible,
+    Unsupported,
+    compute_dtype,
+    dim_names,
+    literal,
+    tl_dtype,
+)
 from compiler.codegen.writer import Generated, Writer, assemble, define_dims, store
 from compiler.ir import Domain, KernelGroup, base_name, meta
 
@@ -277,10 +284,7 @@ class RowFrame:
 
     def full_index(self, rdims: Index) -> Index:
         """The domain's index from the row's dims (`xdims`) and reduced dims `rdims`."""
-        out, xi, ri = [], iter(self.xdims), iter(rdims)
-        for d in range(len(self.shape)):
-            out.append(next(ri) if d in self.dom.rdims else next(xi))
-        return tuple(out)
+        return full_index(self.dom, self.xdims, rdims)
 
     def row_index(self) -> Index:
         """The domain's index after a row loop (its reduced dims are the loop's rindex)."""
@@ -311,53 +315,58 @@ class RowFrame:
         for n in self.full_members:
             store(self.w, n, full, self.w.value(n, full, "rowmask"), "rowmask")
 
-    def check_member(self, node: fx.Node) -> None:
-        """Fusion's check of `node`, the kernel's new last member, without generating the
-        kernel: evaluate only what `node` adds where the looped variant computes it, every
-        other reduction's value set at its own index. Raises NotFusible when it needs one
-        at another index, or (a reduction making this a reduction kernel) when another
-        member is not a row of the domain. The members before `node` cannot read it, so
-        what they evaluate is what they evaluated when they joined."""
-        rows = self.row_index()
-        for n in self.infos:
-            if n is not node:
-                self.set_anchor(n, self.reducers[n].acc, rows)
-        if node in self.infos:
-            self.reducers[node].value(self.open_rows(loop=True))
-            for n in self.row_members:
-                _row_index(n, self.infos, self.xdims, self.dom, self.shape)
-        elif node in self.full_members:
-            self.w.value(node, self.open_rows(loop=True), "rowmask")
-        else:
-            self.w.value(node, _row_index(node, self.infos, self.xdims, self.dom, self.shape), "xmask")
-
     def finish(self, comment: list[str]) -> Generated:
         """Store the row-shaped members (reductions included) and assemble the module."""
         w = self.w
         for n in list(self.infos) + self.row_members:
             if n not in self.group.stored:
                 continue
-            idx = _row_index(n, self.infos, self.xdims, self.dom, self.shape)
+            idx = member_row_index(n, self.infos, self.xdims, self.dom)
             store(w, n, idx, w.value(n, idx, "xmask"), "xmask")
         return assemble(w, self.group.stem, comment, ["XBLOCK", "RBLOCK"])
 
 
-def _row_index(n: fx.Node, infos: dict, xdims: Index, dom: Domain, shape: tuple) -> Index:
-    """Natural index of a row-domain member (keepdim or not)."""
+def full_index(dom: Domain, xdims: Index, rdims: Index) -> Index:
+    """The domain's index from a row's dims `xdims` and reduced dims `rdims`."""
+    out, xi, ri = [], iter(xdims), iter(rdims)
+    for d in range(len(dom.shape)):
+        out.append(next(ri) if d in dom.rdims else next(xi))
+    return tuple(out)
+
+
+def frame_indices(dom: Domain) -> tuple[Index, Index, Index]:
+    """The indices a row frame of `dom` names, without writing it: its rows' dims
+    (`xdims`), the index of the elements a row loop visits, and the index after the loop
+    (where the reductions' values are set)."""
+    xdims = dim_names("xindex", tuple(dom.shape[d] for d in dom.kept), "x")
+    red_shape = tuple(dom.shape[d] for d in dom.rdims)
+    return (xdims, full_index(dom, xdims, dim_names("rindex", red_shape, "r")),
+            full_index(dom, xdims, ("rindex",) * len(dom.rdims)))
+
+
+def member_row_index(n: fx.Node, infos: dict, xdims: Index, dom: Domain) -> Index:
+    """Natural index of a row-domain member `n` (a reduction of `infos`, or a value of a
+    row's shape, keepdim or not) in a frame of `dom` whose rows' dims are `xdims`."""
     full = []
     xi = iter(xdims)
-    for d in range(len(shape)):
+    for d in range(len(dom.shape)):
         full.append("0" if d in dom.rdims else next(xi))
     if n in infos:
         return reduced_index(infos[n], tuple(full))
     m = meta(n).shape
-    keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(shape))
+    keep, drop = row_shapes(dom)
     if m == keep:
         return tuple(full)
-    drop = tuple(s for d, s in enumerate(shape) if d not in dom.rdims)
     if m == drop:
         return tuple(e for d, e in enumerate(full) if d not in dom.rdims)
-    raise NotFusible(f"{n.name} has shape {m}, not a row of {shape}")
+    raise NotFusible(f"{n.name} has shape {m}, not a row of {dom.shape}")
+
+
+def row_shapes(dom: Domain) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of a row of `dom`: its reduced dims kept as 1 (keepdim), and dropped."""
+    keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(dom.shape))
+    drop = tuple(s for d, s in enumerate(dom.shape) if d not in dom.rdims)
+    return keep, drop
 
 
 def _flat_forms(w: Writer, dom: Domain, full: Index, shape: tuple) -> None:

@@ -12,19 +12,29 @@ the op sets (`compiler/lowering/ops.py`) and fusion's classification are read fr
 | aten | always an ATen call: random or data-dependent in shape | `ATEN_ONLY` below |
 
 An op that is not in the registry is an ATen call too.
+
+Besides emitting, each rule declares, as metadata that fusion plans with and no code:
+- `refuse(node)`: why a node of the op cannot be computed in a kernel (a form left to ATen),
+  or None; fusion classifies such a node as an ATen call;
+- `reads(node, index)` (the kinds computed at an index): where its value at `index` reads
+  each input, with the emitter's own index arithmetic (`compiler.codegen.access` turns it
+  into the access patterns: same index, broadcast, gathered, ...).
+
+Fusion sees a node through its `NodeKind`: the flags that say what planning does with it.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import fx
 
 from compiler.codegen import exprs, indexing, matmul, reduction, views
-from compiler.codegen.common import Index, Unsupported, tl_dtype
+from compiler.codegen.common import TL_DTYPES, Index, Unsupported, tl_dtype
 from compiler.codegen.writer import Writer
-from compiler.ir import base_name, meta
+from compiler.ir import TensorMeta, base_name, meta
 
 # Composite reductions lowering decomposes into the reductions of `reduction.OPS`.
 COMPOSITE_REDUCTIONS = ("var", "std", "var_mean", "logsumexp")
@@ -36,22 +46,49 @@ ATEN_ONLY = (
 )
 
 
+Reads = Callable[[fx.Node, Index], list[tuple[fx.Node, Index]]]
+
+
+def _never(node: fx.Node) -> str | None:
+    return None
+
+
+def _view_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
+    return [views.view_source(node, idx)]
+
+
+def _refusal_of(check: Callable[[fx.Node], object]) -> Callable[[fx.Node], str | None]:
+    """A refusal from a metadata check that raises Unsupported for the forms left to ATen."""
+    def refuse(node: fx.Node) -> str | None:
+        try:
+            check(node)
+        except Unsupported as exc:
+            return str(exc)
+        return None
+    return refuse
+
+
 @dataclass(frozen=True)
 class OpRule:
     """How one aten op is generated: `kind` (see the table above) and, for the kinds
     computed at an index (pointwise, index), `emit(writer, node, index, mask)`, which
-    returns the Triton expression of the node's value there."""
+    returns the Triton expression of the node's value there, and `reads`, where that
+    value reads its inputs; `refuse` says why a node cannot be in a kernel (or None)."""
 
     kind: str
     emit: Callable[[Writer, fx.Node, Index, str], str] | None = None
+    reads: Reads | None = None
+    refuse: Callable[[fx.Node], str | None] = _never
 
 
 RULES: dict[str, OpRule] = {
-    **{name: OpRule("pointwise", emit) for name, emit in exprs.POINTWISE.items()},
-    **dict.fromkeys(views.VIEWS, OpRule("view")),
-    **{name: OpRule("index", emit) for name, emit in indexing.INDEX_OPS.items()},
-    **dict.fromkeys((*reduction.OPS, *COMPOSITE_REDUCTIONS), OpRule("reduction")),
-    **dict.fromkeys(matmul.OPS, OpRule("matmul")),
+    **{name: OpRule("pointwise", emit, exprs.reads, exprs.refusal) for name, emit in exprs.POINTWISE.items()},
+    **dict.fromkeys(views.VIEWS, OpRule("view", reads=_view_reads)),
+    **{name: OpRule("index", emit, indexing.INDEX_READS[name], indexing.index_refusal)
+       for name, emit in indexing.INDEX_OPS.items()},
+    **dict.fromkeys((*reduction.OPS, *COMPOSITE_REDUCTIONS),
+                    OpRule("reduction", refuse=_refusal_of(reduction.reduction_info))),
+    **dict.fromkeys(matmul.OPS, OpRule("matmul", refuse=_refusal_of(matmul.check))),
     **dict.fromkeys(ATEN_ONLY, OpRule("aten")),
 }
 
@@ -59,6 +96,56 @@ RULES: dict[str, OpRule] = {
 def ops_of(kind: str) -> frozenset[str]:
     """The base names of every op of `kind`."""
     return frozenset(name for name, rule in RULES.items() if rule.kind == kind)
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """What fusion does with a node of one kind (an op rule's kind, or a node no rule
+    computes). `name` is the kind's name in plans; planning reads only the flags."""
+
+    name: str
+    source: bool = False  # a graph input or constant: in memory before the graph runs
+    anchor: bool = False  # anchors a kernel of its own kind (`KernelKind.anchor_op`)
+    extern: bool = False  # an ATen call: its own step, its result in a buffer
+    view: bool = False  # index arithmetic over its input: never computed, never stored
+    lazy: bool = False  # computed where it is read, or stored where kernels share it
+    reads_memory: bool = False  # reads its inputs from buffers (an ATen call, a matmul)
+
+    @property
+    def realized(self) -> bool:
+        """Always gets a buffer."""
+        return self.anchor or self.extern
+
+
+NODE_KINDS: dict[str, NodeKind] = {k.name: k for k in (
+    NodeKind("input", source=True), NodeKind("const", source=True), NodeKind("output"),
+    NodeKind("extern", extern=True, reads_memory=True), NodeKind("view", view=True),
+    NodeKind("pointwise", lazy=True), NodeKind("index", lazy=True),
+    NodeKind("reduction", anchor=True), NodeKind("matmul", anchor=True, reads_memory=True),
+)}
+
+
+def node_kind(node: fx.Node) -> NodeKind:
+    """The kind of `node`, from the registry's metadata alone (no code is generated): an
+    ATen call when no rule computes it in a kernel, its dtype or an input's has no Triton
+    equivalent, or its rule refuses its form."""
+    if node.op in ("placeholder", "output", "get_attr"):
+        return NODE_KINDS[{"placeholder": "input", "output": "output", "get_attr": "const"}[node.op]]
+    name = base_name(node)
+    if name in views.SPLITS:
+        return NODE_KINDS["view"]  # its getitems are slices of its input
+    if node.target is operator.getitem:
+        return NODE_KINDS["view" if views.is_view(node) else "extern"]
+    rule = RULES.get(name)
+    if rule is None or rule.kind == "aten" or not _triton_typed(node) or \
+            not all(_triton_typed(a) for a in node.all_input_nodes) or rule.refuse(node) is not None:
+        return NODE_KINDS["extern"]
+    return NODE_KINDS[rule.kind]
+
+
+def _triton_typed(node: fx.Node) -> bool:
+    m = node.meta.get("kiln_meta")
+    return isinstance(m, TensorMeta) and m.dtype in TL_DTYPES
 
 
 def evaluate(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:

@@ -141,7 +141,7 @@ VIEWS: dict[str, ViewRule] = {
     "split": _tuple_view, "split_with_sizes": _tuple_view, "unbind": _tuple_view,
     "getitem": _getitem,
 }
-_SPLITS = frozenset({"split", "split_with_sizes", "unbind"})
+SPLITS = frozenset({"split", "split_with_sizes", "unbind"})  # tuples of views (their getitems)
 
 
 def is_view(node: fx.Node) -> bool:
@@ -151,7 +151,7 @@ def is_view(node: fx.Node) -> bool:
         return False
     if base_name(node) == "getitem":
         src = node.args[0]
-        return isinstance(src, fx.Node) and src.op == "call_function" and base_name(src) in _SPLITS
+        return isinstance(src, fx.Node) and src.op == "call_function" and base_name(src) in SPLITS
     return True
 
 

@@ -22,6 +22,7 @@ from compiler.codegen.common import (
     broadcast_index,
     compute_dtype,
     decompose,
+    dim_names,
     linear,
     merge_dims,
     paren,
@@ -253,15 +254,11 @@ def store(w: Writer, node: fx.Node, idx: Index, var: str, mask: str, *, block: b
 
 def define_dims(w: Writer, flat: str, shape: tuple[int, ...], prefix: str) -> Index:
     """Emit per-dim index variables of a flat index over `shape`; returns the index."""
-    result = []
-    for d, expr in enumerate(decompose(flat, shape)):
-        if expr in ("0", flat):
-            result.append(expr)
-        else:
-            var = f"{prefix}{d}"
+    result = dim_names(flat, shape, prefix)
+    for expr, var in zip(decompose(flat, shape), result, strict=True):
+        if var != expr:
             w.emit(f"{var} = {expr}")
-            result.append(var)
     # a view that merges these dims back computes exactly this sum: let it read `flat`
     if sum(e != "0" for e in result) > 1:
         w.combos[linear(list(zip(result, contiguous_strides(shape), strict=True)))] = flat
-    return tuple(result)
+    return result

@@ -1,8 +1,8 @@
 """A build's price, from the graph alone, before any lowering: what a worker would spend.
 
 Two things grow with a graph: code generation and the interpreter check, about linearly in
-its ops; and fusion's join checks, each of which evaluates the new member in a frame of the
-group it joins (at most `fusion.MAX_GROUP_MEMBERS` members). Reductions are the realized
+its ops; and fusion's join checks, each of which follows what the new member reads through
+the group it joins (at most `fusion.MAX_GROUP_MEMBERS` members). Reductions are the realized
 nodes that make groups long (the 1200-step sum/sub chain of issue 30), so the checks cost at
 most `reductions x min(reductions, MAX_GROUP_MEMBERS)` member evaluations. An op the code
 generator does not know by name is decomposed first and may hold reductions

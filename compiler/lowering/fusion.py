@@ -1,58 +1,49 @@
-"""Which nodes become kernels, and which kernels fuse: decided from the graph alone.
+"""Which nodes become kernels, and which kernels fuse: decided from the graph and the op
+registry's metadata alone (no code is generated while planning).
 
-1. classify each node (input, pointwise, view, index, reduction, matmul, extern);
-2. realize: reductions, matmuls, ATen calls, graph outputs and ATen-call arguments get
-   buffers; every other pointwise/view/index node is inlined into the kernels that read it;
+1. classify each node (`rules.node_kind`: input, pointwise, view, index, reduction, matmul,
+   extern), from each op rule's declared refusals;
+2. realize: anchors (reductions, matmuls), ATen calls, graph outputs and the arguments of
+   nodes that read memory get buffers; every other pointwise/view/index node is inlined
+   into the kernels that read it;
 3. group the realized nodes in topological order: a node joins an earlier related kernel
-   over the same domain (pointwise chains, producers into reductions, reductions with
-   their consumers, epilogues into matmuls) when its inputs are ready before that kernel
-   runs and the kernel's kind accepts it (`KernelKind.fits`: what the node reads of the
-   kernel's reductions or matmul result, at their own index; checked by evaluating the
-   node's value alone, no kernel is generated); otherwise it starts a kernel;
+   (it reads the kernel's members or what they read, or, for kinds that join siblings,
+   the same producers) when its inputs are ready before that kernel runs and the kernel
+   registry accepts it (`kinds.fuse`: the shape of the grown kernel from the kind the
+   node anchors or the kind serving the kernel, then each serving kind's `can_fuse`, which
+   follows the node's declared reads to check that it reads every anchor at the anchor's
+   own index, `compiler.codegen.access`); otherwise it starts a kernel (`kinds.start`);
 4. a value that step 3 left inlined into two or more kernels (each would recompute it) is
    realized and the nodes grouped again, unless it is cheap: a few ops reading at most one
    large buffer the graph computes, and not inside another such value. Otherwise a chain
    of them (a transformer's residual stream, x = x + f(x) per layer) would make each
    layer's kernel recompute every layer before it. A realized value joins one kernel like
    any other member, which stores it only when another kernel reads it, so
-   single-consumer fusion (prologues, epilogues) is unchanged.
+   single-consumer fusion (prologues, epilogues) is unchanged;
+5. each kernel records the memory its fusion saves (`KernelGroup.fused_bytes`).
 
-Planning is near-linear in the graph's size. A kernel takes at most MAX_GROUP_MEMBERS
-realized nodes: a join's check evaluates the new member in a frame of the whole group, so
-an unbounded group made a chain of n reductions cost n^2 member evaluations (the 1200-step
-sum/sub chain of issue 30 ran for minutes). A node that a full group refuses reads the lazy
-values it shares with that group from it: they are realized into the full group at once
-(a cut, outside the count), and the round is planned again with them; left lazy, the next
-kernel would recompute the whole chain before it, and every round would move the cut by
-one kernel. Each group's member set and reads are kept as it grows instead of being
-gathered again for every candidate join. `Planner.trials` and `Planner.trial_members`
-count the checks and the members they saw.
+Planning names no node kind or kernel kind: it reads `NodeKind` flags and asks the kernel
+registry. It is near-linear in the graph's size. A kernel takes at most MAX_GROUP_MEMBERS
+realized nodes, so that a chain of n reductions cannot grow one group whose joins each
+look over the whole of it (the 1200-step sum/sub chain of issue 30 ran for minutes). A node
+that a full group refuses reads the lazy values it shares with that group from it: they
+are realized into the full group at once (a cut, outside the count), and the round is
+planned again with them; left lazy, the next kernel would recompute the whole chain
+before it, and every round would move the cut by one kernel. Each group's member set and
+reads are kept as it grows instead of being gathered again for every candidate join.
+`Planner.trials` and `Planner.trial_members` count the kinds' checks of what a joining
+node reads of a kernel's anchors, and the members of the kernels they asked about.
 """
 
 from __future__ import annotations
 
-import math
-import operator
-
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from compiler.codegen import Unsupported, kinds, rules, views
-from compiler.codegen import matmul as matmul_codegen
-from compiler.codegen.common import TL_DTYPES
-from compiler.codegen.reduction import reduction_info
-from compiler.codegen.writer import Writer
-from compiler.ir import (
-    Domain,
-    ExternStep,
-    KernelGroup,
-    Step,
-    TensorMeta,
-    ViewStep,
-    base_name,
-    meta,
-    storage_order,
-)
+from compiler.codegen import kinds
+from compiler.codegen.access import Checks, Reads
+from compiler.codegen.rules import NodeKind, node_kind
+from compiler.ir import ExternStep, KernelGroup, Step, ViewStep, meta
 
 CHEAP_OPS = 4  # a value several kernels read may be recomputed by each: up to this many ops
 # Realized nodes one kernel may take; a node that would join a full group starts its own.
@@ -61,51 +52,16 @@ CHEAP_OPS = 4  # a value several kernels read may be recomputed by each: up to t
 MAX_GROUP_MEMBERS = 64
 
 
-def classify(gm: fx.GraphModule) -> dict[fx.Node, str]:
-    """Kind of every node of `gm`."""
-    return {node: _classify(node) for node in gm.graph.nodes}
-
-
-def _classify(node: fx.Node) -> str:
-    if node.op in ("placeholder", "output"):
-        return "input" if node.op == "placeholder" else "output"
-    if node.op == "get_attr":
-        return "const"
-    name = base_name(node)
-    if name in ("split", "split_with_sizes", "unbind"):
-        return "view"  # its getitems are slices of its input
-    if node.target is operator.getitem:
-        return "view" if views.is_view(node) else "extern"
-    m = node.meta.get("kiln_meta")
-    rule = rules.RULES.get(name)
-    if rule is None or rule.kind == "aten" or not isinstance(m, TensorMeta) or m.dtype not in TL_DTYPES:
-        return "extern"
-    for arg in node.all_input_nodes:
-        am = arg.meta.get("kiln_meta")
-        if not isinstance(am, TensorMeta) or am.dtype not in TL_DTYPES:
-            return "extern"
-    # A rule raises Unsupported for the forms it leaves to ATen; any other error is a
-    # bug in code generation and propagates.
-    try:
-        if rule.kind == "matmul":
-            matmul_codegen.check(node)
-        elif rule.kind == "reduction":
-            reduction_info(node)
-        else:  # its value at a symbolic index, every input read from a buffer
-            w = Writer(members=set(), is_buffer=lambda n: n is not node, int64=False,
-                       evaluate=rules.evaluate)
-            w.value(node, tuple(f"i{d}" for d in range(len(m.shape))), "mask")
-    except Unsupported:
-        return "extern"
-    return rule.kind
+def classify(gm: fx.GraphModule) -> dict[fx.Node, NodeKind]:
+    """Kind of every node of `gm`, from the op registry's metadata (`rules.node_kind`)."""
+    return {node: node_kind(node) for node in gm.graph.nodes}
 
 
 def plan_steps(gm: fx.GraphModule) -> tuple[list[Step], set[fx.Node]]:
     """The ordered steps (kernels, ATen calls, views) that compute `gm`, and the set of
     nodes whose values live in buffers."""
-    kinds = classify(gm)
     nodes = list(gm.graph.nodes)
-    planner = Planner(kinds, nodes)
+    planner = Planner(classify(gm), nodes)
     steps = planner.run()
     return steps, planner.sources | planner.realized
 
@@ -113,12 +69,12 @@ def plan_steps(gm: fx.GraphModule) -> tuple[list[Step], set[fx.Node]]:
 class Planner:
     """The fusion plan of one graph (`run`), with counts of the work it took."""
 
-    def __init__(self, kinds: dict[fx.Node, str], nodes: list[fx.Node]) -> None:
+    def __init__(self, kinds: dict[fx.Node, NodeKind], nodes: list[fx.Node]) -> None:
         self.kinds, self.nodes = kinds, nodes
         out = nodes[-1]
         self.outputs = [a for a in tree_flatten(out.args)[0] if isinstance(a, fx.Node)]
-        self.realized = {n for n in nodes if kinds[n] in ("reduction", "matmul", "extern")}
-        self.sources = {n for n in nodes if kinds[n] in ("input", "const")}
+        self.realized = {n for n in nodes if kinds[n].realized}
+        self.sources = {n for n in nodes if kinds[n].source}
         self.aliases: set[fx.Node] = set()
         self.deps_cache: dict[fx.Node, frozenset[fx.Node]] = {}
         # per group of the round being planned, by name: its members and what they read
@@ -128,17 +84,26 @@ class Planner:
         self.cut_count: dict[str, int] = {}
         self.cuts: set[fx.Node] = set()  # realized because a full group refused their reader
         self.recut = False  # this round realized cuts: its groups are provisional
-        self.trials = 0  # kernel-kind checks of a join (`KernelKind.fits`)
-        self.trial_members = 0  # members of the groups those checks saw, together
+        self.checks = Checks()  # the kernel kinds' checks of joins (`KernelKind.can_fuse`)
+
+    @property
+    def trials(self) -> int:
+        """Checks of what a joining node reads of a kernel's anchors."""
+        return self.checks.checks
+
+    @property
+    def trial_members(self) -> int:
+        """Members of the kernels those checks asked about, together."""
+        return self.checks.members
 
     def is_buffer(self, node: fx.Node) -> bool:
         return node in self.sources or node in self.realized
 
     def need_buffer(self, node: fx.Node) -> None:
-        while self.kinds[node] == "view":
+        while self.kinds[node].view:
             self.aliases.add(node)
             node = node.args[0]
-        if self.kinds[node] in ("pointwise", "index"):
+        if self.kinds[node].lazy:
             self.realized.add(node)
 
     def deps(self, node: fx.Node) -> frozenset[fx.Node]:
@@ -171,7 +136,7 @@ class Planner:
         for n in self.outputs:
             self.need_buffer(n)
         for n in self.nodes:
-            if self.kinds[n] in ("extern", "matmul"):
+            if self.kinds[n].reads_memory:
                 for a in n.all_input_nodes:
                     self.need_buffer(a)
         while True:  # ends: every round realizes at least one more node
@@ -194,13 +159,14 @@ class Planner:
         position: dict[fx.Node, int] = dict.fromkeys(self.sources, -1)
         for table in (self.member_sets, self.reads, self.counted, self.cut_count):
             table.clear()
+        self.checks.new_round()
         for node in self.nodes:
             kind = self.kinds[node]
             if node in self.aliases:
                 steps.append(ViewStep(node))
                 position[node] = len(steps) - 1
                 continue
-            if kind == "extern":
+            if kind.extern:
                 steps.append(ExternStep(node))
                 position[node] = len(steps) - 1
                 continue
@@ -211,7 +177,7 @@ class Planner:
             if self.recut:  # a cut made `node` read a value it inlined before
                 deps = self.deps(node)
             if group is None:
-                group = self.new_group(node, kind, len(steps))
+                group = kinds.start(node, kind, f"kernel_{len(steps)}", len(steps))
                 groups.append(group)
                 steps.append(group)
                 self.member_sets[group.name], self.reads[group.name] = set(), set()
@@ -230,13 +196,13 @@ class Planner:
                 reach.setdefault(n, set()).add(i)
 
         def handed_on(n: fx.Node) -> bool:  # a later value reaching the same kernels exists
-            return any(reach.get(u) == reach[n] and (self.kinds[u] != "view" or handed_on(u))
+            return any(reach.get(u) == reach[n] and (not self.kinds[u].view or handed_on(u))
                        for u in n.users)
 
         # Of a chain of values that reach the same kernels, the last: the ones before it
         # feed one kernel once it is realized (a later round takes any that still do not).
         shared = {n for n, kernels in reach.items()
-                  if len(kernels) > 1 and self.kinds[n] in ("pointwise", "index")
+                  if len(kernels) > 1 and self.kinds[n].lazy
                   and not handed_on(n)}
         nested = shared & self.upstream(shared)
         return {n for n in shared if not self.cheap(n, computed_reads=0)
@@ -258,7 +224,7 @@ class Planner:
         count, seen, todo = 0, {node}, [node]
         while todo and count <= limit:
             n = todo.pop()
-            count += self.kinds[n] != "view"
+            count += not self.kinds[n].view
             for a in n.all_input_nodes:
                 if a not in seen and not self.is_buffer(a):
                     seen.add(a)
@@ -275,41 +241,27 @@ class Planner:
         large = [d for d in self.deps(node) if d not in self.sources and meta(d).numel >= numel]
         return len(large) <= computed_reads and self.ops(node, CHEAP_OPS) <= CHEAP_OPS
 
-    def new_group(self, node: fx.Node, kind: str, pos: int) -> KernelGroup:
-        m = meta(node)
-        if kind == "matmul":
-            _, a, _, _, _ = matmul_codegen.operands(node)
-            return KernelGroup(f"kernel_{pos}", "matmul", Domain(m.shape, (), meta(a).shape[-1]),
-                               [node], pos, anchors=[node], dtype=m.dtype)
-        if kind == "reduction":
-            info = reduction_info(node)
-            return KernelGroup(f"kernel_{pos}", "reduction", info.domain, [node], pos,
-                               anchors=[node], dtype=meta(info.source).dtype)
-        return KernelGroup(f"kernel_{pos}", "pointwise", Domain(m.shape, order=storage_order(m)),
-                           [node], pos, dtype=m.dtype)
-
-    def join(self, node: fx.Node, kind: str, deps: frozenset[fx.Node], groups: list[KernelGroup],
+    def join(self, node: fx.Node, kind: NodeKind, deps: frozenset[fx.Node], groups: list[KernelGroup],
              position: dict[fx.Node, int]) -> KernelGroup | None:
-        if kind == "matmul":
+        if not kinds.joins(kind):
             return None
-        shape = meta(node).shape
         for group in reversed(groups):
             if not self.follows(group, deps, position):
                 continue
             members = self.member_sets[group.name]
             reads = self.reads[group.name]
             related = bool(deps & members) or bool(deps & reads) or (
-                kind == "reduction" and group.kind == "reduction"
+                kinds.joins_siblings(kind, group)
                 and bool(_producers(deps, position) & _producers(reads, position)))
             if not related:
                 continue
             if self.counted[group.name] >= MAX_GROUP_MEMBERS and node not in self.cuts:
                 self.cut(node, group, position)
                 continue
-            trial = self.trial(group, node, kind, shape, deps)
-            if trial is None:
+            grown = kinds.fuse(group, node, Reads(self.is_buffer, deps, kind, self.checks))
+            if grown is None:
                 continue
-            _take(group, trial)
+            _take(group, grown)
             return group
         return None
 
@@ -330,82 +282,21 @@ class Planner:
         into `group` where they can join it (at most MAX_GROUP_MEMBERS of them per group),
         so that `node` reads them from a buffer instead of recomputing what they inline."""
         for arg in node.all_input_nodes:
-            if self.is_buffer(arg) or self.kinds[arg] not in ("pointwise", "index") or \
+            if self.is_buffer(arg) or not self.kinds[arg].lazy or \
                     self.cut_count[group.name] >= MAX_GROUP_MEMBERS:
                 continue
             deps = self.deps(arg)
             if not self.follows(group, deps, position):
                 continue
-            trial = self.trial(group, arg, self.kinds[arg], meta(arg).shape, deps)
-            if trial is None:
+            grown = kinds.fuse(group, arg, Reads(self.is_buffer, deps, self.kinds[arg], self.checks))
+            if grown is None:
                 continue
-            _take(group, trial)
+            _take(group, grown)
             self.add_member(group, arg, deps, position)
             self.realized.add(arg)
             self.cuts.add(arg)
             self.cut_count[group.name] += 1
             self.recut = True
-
-    def trial(self, group: KernelGroup, node: fx.Node, kind: str, shape: tuple,
-              deps: frozenset[fx.Node]) -> KernelGroup | None:
-        # Full-size values join only reductions whose domain is `inner`: a column reduction
-        # (leading dims) has few programs, and full-size work in it would lack parallelism.
-        dom = group.domain
-        if kind == "reduction":
-            info = reduction_info(node)
-            if group.kind == "reduction" and dom == info.domain:
-                new_kind, new_dom = "reduction", dom
-            elif (group.kind == "pointwise" and dom.shape == info.domain.shape
-                  and info.domain.inner):
-                new_kind, new_dom = "reduction", info.domain
-            else:
-                return None
-        elif group.kind == "matmul":
-            if math.prod(shape) != math.prod(dom.shape) or group.anchors[0] not in deps:
-                return None
-            new_kind, new_dom = "matmul", dom
-        elif group.kind == "reduction":
-            keep = tuple(1 if d in dom.rdims else s for d, s in enumerate(dom.shape))
-            drop = tuple(s for d, s in enumerate(dom.shape) if d not in dom.rdims)
-            rows = (keep, drop) if not dom.inner else (dom.shape, keep, drop)
-            if shape not in rows:
-                return None
-            new_kind, new_dom = "reduction", dom
-        else:
-            if math.prod(shape) != math.prod(dom.shape):
-                return None
-            new_kind, new_dom = "pointwise", dom
-        anchors = group.anchors + ([node] if kind == "reduction" else [])
-        trial = KernelGroup(group.name, new_kind, new_dom, group.members + [node], group.position,
-                            anchors=anchors, dtype=group.dtype)
-        trial.stored = list(trial.members)
-        if kind == "reduction" or self.reads_anchor(trial, node):
-            template = kinds.kind_of(new_kind, kinds.trial_variant(new_kind))
-            self.trials += 1
-            self.trial_members += len(trial.members)
-            if not template.fits(trial, node, self.is_buffer):
-                return None
-        return trial
-
-    def reads_anchor(self, group: KernelGroup, node: fx.Node) -> bool:
-        """Whether computing `node` in `group` evaluates one of its anchors (a reduction's
-        result, the matmul's accumulator), through lazy values and the group's members.
-
-        Only then (or when a reduction joins) can a join fail in code generation: an
-        anchor is valid at its own index alone (NotFusible elsewhere), and the shapes
-        `trial` checks are the other reasons. So a join that reads no anchor needs no
-        check, and one that does asks its kernel kind's `fits`, which evaluates the new
-        member's value alone; the members before it passed when they joined."""
-        anchors, members = set(group.anchors), set(group.members)
-        seen, todo = {node}, [node]
-        while todo:
-            for arg in todo.pop().all_input_nodes:
-                if arg in anchors:
-                    return True
-                if arg not in seen and (arg in members or not self.is_buffer(arg)):
-                    seen.add(arg)
-                    todo.append(arg)
-        return False
 
     def mark_stored(self, groups: list[KernelGroup], steps: list[Step]) -> None:
         needed: set[fx.Node] = set()
@@ -420,6 +311,14 @@ class Planner:
         for group in groups:
             group.stored = [m for m in group.members if m in needed]
             group.inlined = self.closure(group)
+            group.fused_bytes = self.fused_bytes(group, needed)
+
+    def fused_bytes(self, group: KernelGroup, needed: set[fx.Node]) -> int:
+        """The memory traffic `group`'s fusion saves: each member another member reads
+        is not read back from memory, nor written when no other step needs it."""
+        members = set(group.members)
+        inside = {d for m in group.members for d in self.deps(m) if d in members}
+        return sum(meta(d).numel * meta(d).dtype.itemsize * (1 if d in needed else 2) for d in inside)
 
     def closure(self, group: KernelGroup) -> list[fx.Node]:
         """Lazy nodes the group's members inline, in topological order."""
@@ -433,10 +332,10 @@ class Planner:
         return [n for n in self.nodes if n in found]
 
 
-def _take(group: KernelGroup, trial: KernelGroup) -> None:
-    """`group` as the trial that took a new member made it."""
-    group.kind, group.domain = trial.kind, trial.domain
-    group.members, group.anchors = trial.members, trial.anchors
+def _take(group: KernelGroup, grown: KernelGroup) -> None:
+    """`group` as the join that took a new member made it (`kinds.fuse`)."""
+    group.kind, group.domain = grown.kind, grown.domain
+    group.members, group.anchors = grown.members, grown.anchors
 
 
 def _producers(nodes: frozenset[fx.Node] | set[fx.Node], position: dict[fx.Node, int]) -> set[int]:

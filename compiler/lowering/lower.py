@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import fx
-from torch._prims_common import suggest_memory_format
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from compiler.ir import MetaError, Program, TensorMeta, base_name, check_program, op_name
@@ -20,6 +19,7 @@ from compiler.lowering.layout import policy as layout_policy
 from compiler.lowering.record import record
 from compiler.lowering.split_reductions import policy_from_env as split_policy_from_env
 from compiler.lowering.split_reductions import split_reductions
+from compiler.wire import device_layout
 from compiler.wire.schema import storage_extent
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def _run_on_meta(node: fx.Node, values: dict[fx.Node, object]) -> object:
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
     args, kwargs = tree_map(_meta_device, (args, kwargs))
     try:
-        return _META_RULES.get(node.target, node.target)(*args, **kwargs)
+        return device_layout.run(node.target, *args, **kwargs)
     except Exception as exc:  # an op the meta device cannot run: no metadata
         raise MetaError(node, f"node {node.name} ({op_name(node)}): cannot infer "
                               f"its shape ({type(exc).__name__}: {exc})") from exc
@@ -171,28 +171,16 @@ def _tensor_metas(metas: object) -> object:
 def _takes_validated(node: fx.Node, validated: set[fx.Node]) -> bool:
     """Whether the first metadata run may take the value wire validation computed for
     `node` instead of running its op: same op on arguments of the same metadata (every input
-    validated), no layout rule of kiln's own (`_META_RULES`), and tensors only."""
+    validated; validation lays results out as lowering does, `compiler.wire.device_layout`),
+    and tensors only."""
     value = node.meta.get("wire_value")
-    if value is None or node.target in _META_RULES:
+    if value is None:
         return False
     leaves = tree_leaves(value)
     return (bool(leaves) and all(isinstance(v, torch.Tensor) for v in leaves)
             and all(a in validated for a in node.all_input_nodes))
 
 
-def _convolution_meta(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
-    """The layout cuDNN's and oneDNN's convolutions give: channels-last when the input's or
-    the weight's strides suggest it (torch's meta kernel always answers row-major: it cannot
-    see the device). A 1x1 weight is dense in both layouts; its strides decide, as in eager."""
-    out = aten.convolution.default(x, weight, *args)
-    if out.dim() == 4 and torch.channels_last in (suggest_memory_format(x),
-                                                  suggest_memory_format(weight)):
-        return out.contiguous(memory_format=torch.channels_last)
-    return out
-
-
-# Ops whose meta kernels do not give the layout that the device's kernels do.
-_META_RULES: dict[object, Callable] = {aten.convolution.default: _convolution_meta}
 
 
 def _meta_device(value: object) -> object:

@@ -7,6 +7,7 @@ executes code that this process generated from a validated graph.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -16,11 +17,12 @@ from typing import Any
 import torch
 from torch import fx
 
+from compiler.aot import CompileJob, compile_ahead, import_kernel, source_hash, specialization
 from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.ops import VIEWS
-from compiler.runtime import compile_pool, cudagraphs, static_launch
+from compiler.runtime import cudagraphs, static_launch, triton_key
 from compiler.runtime.execution import (
     Args,
     AtenMatmul,
@@ -31,10 +33,11 @@ from compiler.runtime.execution import (
     is_interpreted,
     slot_tree,
 )
-from compiler.runtime.kernel_files import import_kernel, source_hash
 from compiler.runtime.launcher import GraphLauncher, Plan
 from compiler.scheduling.heuristics import _is_gpu, extern_ops, schedule_for
 from compiler.scheduling.schedule import Schedule, ScheduleMismatch, validate_config
+
+log = logging.getLogger(__name__)
 
 _MODULES: dict[str, ModuleType] = {}
 _MODULES_LOCK = threading.Lock()
@@ -223,7 +226,7 @@ class Built:
         for the CUDA `device` without launching anything, so that the first call pays for
         none of it; returns how many launches it prepared (0 on the CPU, where kernels are
         interpreted). The distinct kernels compile in parallel in the compile workers
-        (compiler/runtime/compile_pool.py); this thread only loads them, with torch's static
+        (compiler/aot/: `compile_ahead`); this thread only loads them, with torch's static
         launcher where Triton would build a C launcher per kernel (static_launch.py), and
         hands them to the graph's launcher, whose first call then launches them directly
         (`GraphLauncher.preload`). Raises what Triton raises for a kernel that does not
@@ -236,8 +239,7 @@ class Built:
             return 0
         static_launch.lazy_driver()  # where nothing made Triton's driver yet
         with torch.cuda.device(device):
-            compile_pool.compile_ahead(self._compile_jobs(infos),
-                                       launchers=not static_launch.available())
+            compile_ahead(self._compile_jobs(infos), launchers=not static_launch.available())
             kernels = []
             for info in infos:
                 # Dtypes stand for tensors (Triton's MockTensor: 16-byte aligned pointers,
@@ -251,9 +253,13 @@ class Built:
         self._launcher.preload(device, kernels)  # the first call launches them directly
         return len(infos)
 
-    def _compile_jobs(self, infos: list[LaunchInfo]) -> list[compile_pool.CompileJob]:
+    def _compile_jobs(self, infos: list[LaunchInfo]) -> list[CompileJob]:
         """One compile job per distinct launch (identical kernels share one) that Triton
         has not loaded yet."""
+        try:  # each job's cache key includes Triton's key of itself: the child's, not hashed here
+            triton_key.ensure()
+        except Exception as exc:  # noqa: BLE001 - the keys then fail alone (no binary fetched)
+            log.debug("no Triton key of itself: %s", exc)
         kernels = {k.name: k for k in self.kernels}
         seen, jobs = set(), []
         for info in infos:
@@ -263,11 +269,11 @@ class Built:
             if ident in seen:
                 continue
             seen.add(ident)
-            spec = compile_pool.specialization(info.fn, info.arg_dtypes, info.grid,
-                                               {**info.constexprs, **info.options})
+            spec = specialization(info.fn, info.arg_dtypes, info.grid,
+                                  {**info.constexprs, **info.options})
             if spec is not None:
-                jobs.append(compile_pool.CompileJob(info.kernel, kernel.source, kernel.source_hash,
-                                                    info.fn.fn.__name__, spec))
+                jobs.append(CompileJob(info.kernel, kernel.source, kernel.source_hash,
+                                       info.fn.fn.__name__, spec))
         return jobs
 
     def kernel_calls(self, *inputs: Any) -> list[KernelCall]:

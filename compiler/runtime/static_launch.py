@@ -20,7 +20,7 @@ then every kernel argument, constexprs included), so Triton's JIT and kiln's gen
 launchers (compiler/runtime/launcher.py) launch it unchanged.
 
 Used only where it pays and exists: Triton builds per-signature launchers
-(`compile_pool.per_kernel_launchers`; Triton 3.9 has one launcher for every kernel) and this
+(`compiler.aot.per_kernel_launchers`; Triton 3.9 has one launcher for every kernel) and this
 torch has the static launcher (CUDA builds). `KILN_STATIC_LAUNCH=off` keeps Triton's own.
 """
 
@@ -30,6 +30,8 @@ import logging
 import os
 import threading
 from typing import Any
+
+from compiler import aot
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +53,7 @@ def available() -> bool:
     launchers, a torch with the static launcher, and $KILN_STATIC_LAUNCH not "off"."""
     if os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
         return False
-    from compiler.runtime.compile_pool import per_kernel_launchers
-
-    if not per_kernel_launchers():
+    if not aot.per_kernel_launchers():
         return False
     import torch
 

@@ -18,6 +18,7 @@ import torch
 from torch import fx, nn
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from compiler.wire import device_layout
 from compiler.wire.decode import GraphSpec, NodeMeta, NodeSpec, TensorMeta
 from compiler.wire.limits import WireLimits
 from compiler.wire.memo import MAX_LIST, Memo, plain_value
@@ -142,7 +143,7 @@ def _run_on_meta(node: NodeSpec, args: tuple, kwargs: dict, where: str, limits: 
     if known is not None:
         return _as_meta(known)
     try:
-        result = node.target(*args, **kwargs)
+        result = device_layout.run(node.target, *args, **kwargs)
     except Exception as e:  # any failure of an op on these arguments is the graph's fault
         text = str(e).strip()
         message = text.splitlines()[0][:300] if text else ""

@@ -210,18 +210,30 @@ def decode_float(value: object) -> float | None:
     return None
 
 
-def encode_value(value: Any, names: dict[Any, str], max_str: int) -> Any:
-    """An fx argument as a wire value; `names` maps fx nodes to their wire names."""
+_NOT_PLAIN = object()  # `_plain_scalar`'s answer for a value it does not cover
+
+
+def _plain_scalar(value: Any, max_str: int) -> Any:
+    """None, a bool, an int64 or a bounded printable string, checked: a value that travels
+    as itself both ways (floats do not: a non-finite one is tagged); `_NOT_PLAIN` otherwise."""
     if value is None or type(value) is bool:
         return value
     if type(value) is int:
         if not INT64_MIN <= value <= INT64_MAX:
             raise WireError(f"integer argument {brief(value)} does not fit in int64")
         return value
-    if type(value) is float:
-        return encode_float(value)
     if type(value) is str:
         return check_str(value, max_str)
+    return _NOT_PLAIN
+
+
+def encode_value(value: Any, names: dict[Any, str], max_str: int) -> Any:
+    """An fx argument as a wire value; `names` maps fx nodes to their wire names."""
+    plain = _plain_scalar(value, max_str)
+    if plain is not _NOT_PLAIN:
+        return plain
+    if type(value) is float:
+        return encode_float(value)
     if isinstance(value, (list, tuple)):
         return [encode_value(v, names, max_str) for v in value]
     if isinstance(value, torch.fx.Node):
@@ -241,18 +253,13 @@ def encode_value(value: Any, names: dict[Any, str], max_str: int) -> Any:
 
 def decode_value(value: Any, depth: int, max_depth: int, max_str: int) -> Any:
     """A wire value as a Python argument (`Ref` for references); WireError if malformed."""
-    if value is None or type(value) is bool:
-        return value
-    if type(value) is int:
-        if not INT64_MIN <= value <= INT64_MAX:
-            raise WireError(f"integer {brief(value)} does not fit in int64")
-        return value
+    plain = _plain_scalar(value, max_str)
+    if plain is not _NOT_PLAIN:
+        return plain
     if type(value) is float:
         if not math.isfinite(value):
             raise WireError('non-finite float must be written {"float": "nan"|"inf"|"-inf"}')
         return value
-    if type(value) is str:
-        return check_str(value, max_str)
     if type(value) is list:
         if depth >= max_depth:
             raise WireError(f"arguments nested deeper than {max_depth} levels")

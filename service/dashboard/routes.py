@@ -22,7 +22,8 @@ from service.api.routes.schedules import KEY_RE
 from service.auth import SESSION_TTL_S
 from service.dashboard import deps, security, views
 from service.dashboard.highlight import stylesheet
-from service.store import admin
+from service.store import admin, plans
+from service.tenants import check_tenant
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ _STATIC = {name: _HERE / "static" / name for name in ("dashboard.css", "dashboar
 _MEDIA = {".css": "text/css", ".js": "text/javascript"}
 _KEY_CHARS = frozenset("0123456789abcdef")
 JOB_STATUSES = ("queued", "running", "done", "failed")
+PLANS_SHOWN = 1000  # the newest; the admin API pages through the rest
 
 templates = Jinja2Templates(directory=str(_HERE / "templates"))
 templates.env.globals.update(
@@ -238,6 +240,18 @@ def jobs(request: Request, status: str | None = None) -> Response:
                                           "status": wanted, "job_statuses": JOB_STATUSES})
 
 
+@router.get("/plans", response_class=HTMLResponse)
+def plans_page(request: Request, done: str | None = None) -> Response:
+    """Stored plans by tenant (the published ones first), each with a Publish-to-all form."""
+    with deps.transaction(request) as session:
+        if not _is_admin(request, session):
+            return _login_redirect(request)
+        items = plans.list_plans(session, limit=PLANS_SHOWN)
+    notice = "Plan published to every tenant." if done == "publish" else None
+    return _render(request, "plans.html", {"nav": "plans", "notice": notice,
+                                           "groups": views.plans_by_tenant(items)})
+
+
 # --- actions -------------------------------------------------------------------------
 
 _EXPLAIN = {
@@ -261,8 +275,10 @@ def _action(request: Request, key: str, action: str, csrf_token: str,
                            "The form's security token did not match; reload the page and "
                            "try again."}, status=403)
         if confirmed != "yes":
-            return _render(request, "confirm.html", {"action": action, "key": key,
-                                                     "explanation": _EXPLAIN[action]})
+            return _render(request, "confirm.html", {
+                "action": action, "subject": "entry", "key": key, "explanation": _EXPLAIN[action],
+                "post_to": f"/admin/entries/{key}/{action}", "back_to": f"/admin/entries/{key}",
+                "fields": {}})
         done = _ACTIONS[action](session, key)
     if done is None:
         return _no_entry(request, key)
@@ -279,6 +295,49 @@ def invalidate(request: Request, key: str,
                confirmed: Annotated[str, Form()] = "") -> Response:
     """Invalidate an entry (after confirmation)."""
     return _action(request, key, "invalidate", csrf_token, confirmed)
+
+
+@router.post("/plans/{key}/publish")
+def publish_plan(request: Request, key: str,
+                 csrf_token: Annotated[str, Form()] = "", tenant: Annotated[str, Form()] = "",
+                 confirmed: Annotated[str, Form()] = "") -> Response:
+    """Publish a tenant's plan to every tenant (after confirmation), as
+    `POST /v1/admin/plans/{key}/publish` does."""
+    with deps.transaction(request) as session:
+        if not _is_admin(request, session):
+            return _login_redirect(request, "/admin/plans")
+        try:
+            name = check_tenant(tenant)
+        except ValueError as exc:
+            return _render(request, "error.html", {"heading": "No such tenant",
+                                                   "message": str(exc)}, status=422)
+        if not _valid_key(key):
+            return _no_plan(request, key, name)
+        if not security.csrf_valid(request, csrf_token):
+            return _render(request, "error.html", {"heading": "Form expired", "message":
+                           "The form's security token did not match; reload the page and "
+                           "try again."}, status=403)
+        if confirmed != "yes":
+            return _render(request, "confirm.html", {
+                "action": "publish", "subject": "plan", "key": key,
+                "explanation": f"Tenant {name}'s plan for this key will run in every "
+                               "tenant's jobs that have no plan of their own for it.",
+                "post_to": f"/admin/plans/{key}/publish", "back_to": "/admin/plans",
+                "fields": {"tenant": name}})
+        try:
+            published = plans.publish_plan(session, key, name)
+        except ValueError as exc:
+            return _render(request, "error.html", {"heading": "Already published",
+                                                   "message": str(exc)}, status=409)
+    if published is None:
+        return _no_plan(request, key, name)
+    log.info("dashboard: published plan %s of tenant %s", key, name)
+    return RedirectResponse("/admin/plans?done=publish", status_code=303)
+
+
+def _no_plan(request: Request, key: str, tenant: str) -> HTMLResponse:
+    return _render(request, "error.html", {"heading": "No such plan", "message":
+                   f"Tenant {tenant} holds no plan with the key {key[:64]}."}, status=404)
 
 
 @router.post("/entries/{key}/retune")

@@ -12,6 +12,7 @@ from typing import Any
 
 from service.dashboard import plots
 from service.dashboard.highlight import highlight_python
+from service.tenants import ALL_TENANTS
 
 STATUSES = ("pending", "heuristic", "tuned", "failed", "invalidated")
 SORTS = {"last_used": "last use", "speedup": "speedup", "tuning_s": "tuning time",
@@ -124,6 +125,21 @@ def kernel_summary(kernels: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
              "share": (ms / total) if ms and total else None}
             for k, ms in zip(kernels, best, strict=True)]
     return sorted(rows, key=lambda r: -(r["share"] or 0.0))
+
+
+def plans_by_tenant(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Plans (as `store.list_plans` gives them) grouped by tenant, the published ones (tenant
+    `*`) first, then tenants by name; each tenant's plan says whether it is the published one
+    for its key (`this`), another tenant's is (`other`), or none is (None)."""
+    published = {p["key"]: p.get("published_from") for p in items if p["tenant"] == ALL_TENANTS}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for plan in items:
+        state = None
+        if plan["tenant"] != ALL_TENANTS and plan["key"] in published:
+            state = "this" if published[plan["key"]] == plan["tenant"] else "other"
+        groups.setdefault(plan["tenant"], []).append({**plan, "published_state": state})
+    order = sorted(groups, key=lambda t: (t != ALL_TENANTS, t))
+    return [{"tenant": t, "published": t == ALL_TENANTS, "plans": groups[t]} for t in order]
 
 
 def job_duration(job: Mapping[str, Any]) -> float | None:

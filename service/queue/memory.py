@@ -10,6 +10,35 @@ from collections import deque
 from service.queue.base import Delivery, JobQueue
 
 
+class _Lines:
+    """One stream: a line per tenant and the tenants' turns (base.py says how they rotate)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, deque[tuple[str, int]]] = {}
+        self.places: dict[str, float] = {}  # tenants with messages -> place in the ring
+        self.turn = 0
+
+    def push(self, tenant: str, message_id: str, job_id: int) -> None:
+        self.lines.setdefault(tenant, deque()).append((message_id, job_id))
+        self.places.setdefault(tenant, self.turn - 0.5)
+
+    def pop(self) -> tuple[str, str, int] | None:
+        if not self.places:
+            return None
+        tenant = min(self.places, key=lambda t: (self.places[t], t))
+        line = self.lines[tenant]
+        message_id, job_id = line.popleft()
+        self.turn += 1
+        if line:
+            self.places[tenant] = self.turn
+        else:
+            del self.places[tenant]
+        return tenant, message_id, job_id
+
+    def __len__(self) -> int:
+        return sum(len(line) for line in self.lines.values())
+
+
 class InProcessQueue(JobQueue):
     """Thread-safe streams with leases, held in memory (lost with the process; the database
     re-enqueues pending jobs at start through `lost_state`)."""
@@ -17,14 +46,14 @@ class InProcessQueue(JobQueue):
     def __init__(self, lease_s: float) -> None:
         self.lease_s = lease_s
         self._cond = threading.Condition()
-        self._streams: dict[str, deque[tuple[str, int]]] = {}
+        self._streams: dict[str, _Lines] = {}
         self._pending: dict[str, tuple[Delivery, float, str]] = {}  # id -> (msg, since, who)
         self._ids = itertools.count(1)
         self._fresh = True
 
-    def enqueue(self, stream: str, job_id: int) -> None:
+    def enqueue(self, stream: str, job_id: int, tenant: str) -> None:
         with self._cond:
-            self._streams.setdefault(stream, deque()).append((f"{next(self._ids)}-0", job_id))
+            self._streams.setdefault(stream, _Lines()).push(tenant, f"{next(self._ids)}-0", job_id)
             self._cond.notify_all()
 
     def claim(self, streams: list[str], consumer: str, block_s: float) -> Delivery | None:
@@ -37,10 +66,11 @@ class InProcessQueue(JobQueue):
                         self._pending[mid] = (msg, now, consumer)
                         return msg
                 for name in streams:
-                    queue = self._streams.get(name)
-                    if queue:
-                        mid, job_id = queue.popleft()
-                        msg = Delivery(name, mid, job_id)
+                    lines = self._streams.get(name)
+                    taken = lines.pop() if lines else None
+                    if taken:
+                        tenant, mid, job_id = taken
+                        msg = Delivery(name, mid, job_id, tenant)
                         self._pending[mid] = (msg, now, consumer)
                         return msg
                 left = deadline - now
@@ -59,7 +89,7 @@ class InProcessQueue(JobQueue):
 
     def depth(self) -> dict[str, int]:
         with self._cond:
-            out = {name: len(q) for name, q in self._streams.items()}
+            out = {name: len(lines) for name, lines in self._streams.items()}
             for msg, _since, _who in self._pending.values():
                 out[msg.stream] = out.get(msg.stream, 0) + 1
             return out

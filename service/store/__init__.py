@@ -58,6 +58,7 @@ from service.store.jobs import (
     set_needs_enqueue,
     stream_name,
     take_after_commit,
+    unfinished_jobs,
     unqueued,
 )
 from service.store.plans import (
@@ -83,5 +84,5 @@ __all__ = [
     "minute", "miss_reason", "note_timeout", "note_unqueued", "publish_schedule",
     "record_hits", "recoverable_jobs", "register_worker", "release", "renew", "requeue",
     "restore_wire", "schedule_by_key", "set_entry_status", "set_needs_enqueue", "stop_worker",
-    "stream_name", "submit", "take_after_commit", "unqueued",
+    "stream_name", "submit", "take_after_commit", "unfinished_jobs", "unqueued",
 ]

@@ -146,7 +146,7 @@ def retune(session: Session, key: str) -> dict[str, Any] | None:
     if not has_schedule:
         store_entries.set_entry_status(session, key, "pending", clear_schedule=True)
     store_jobs.requeue(session, job, stage, "re-tune requested by an admin")
-    store_jobs.enqueue_after_commit(session, stage, row.queue_class, job.id)
+    store_jobs.enqueue_after_commit(session, stage, row.queue_class, job.id, job.tenant)
     session.refresh(job)
     return store_jobs.job_dict(session, job)
 

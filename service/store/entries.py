@@ -23,6 +23,7 @@ from service.models import (
     utcnow,
 )
 from service.store.jobs import WIRE_PRUNED, add_event, enqueue_after_commit, job_by_key, requeue
+from service.tenants import DEFAULT_TENANT
 
 READY = ("heuristic", "tuned")
 MISS_REASONS = ("unknown_graph", "other_gpu", "other_versions", "other_compiler")
@@ -52,10 +53,12 @@ def schedule_by_key(session: Session, key: str) -> ScheduleRow | None:
     return session.scalars(select(ScheduleRow).where(ScheduleRow.key == key)).one_or_none()
 
 
-def submit(session: Session, sub: Submission) -> tuple[ScheduleRow, JobRow, bool]:
-    """Record a submission; returns (entry, job, enqueue). Exactly one concurrent caller per
-    key gets enqueue=True: the unique constraints on graphs, schedules and jobs decide.
-    The caller enqueues the job (enqueue_after_commit) when enqueue is True."""
+def submit(session: Session, sub: Submission,
+           tenant: str = DEFAULT_TENANT) -> tuple[ScheduleRow, JobRow, bool]:
+    """Record a submission by `tenant`; returns (entry, job, enqueue). Exactly one concurrent
+    caller per key gets enqueue=True: the unique constraints on graphs, schedules and jobs
+    decide, and the job keeps that caller's tenant (its turn in the queue). The caller
+    enqueues the job (enqueue_after_commit) when enqueue is True."""
     now = utcnow()
     known_graph = not insert_ignore(session, GraphRow.__table__, dict(
         graph_hash=sub.graph_hash, wire=sub.wire, op_summary=sub.op_summary,
@@ -67,7 +70,7 @@ def submit(session: Session, sub: Submission) -> tuple[ScheduleRow, JobRow, bool
         compiler_version=t["compiler"], queue_class=sub.queue_class, status="pending",
         tag=sub.tag, hits=0, created_at=now, updated_at=now))
     enqueue = insert_ignore(session, JobRow.__table__, dict(
-        key=sub.key, stage="build", status="queued", progress=0.0, attempts=0,
+        key=sub.key, stage="build", status="queued", progress=0.0, attempts=0, tenant=tenant,
         created_at=now, updated_at=now))
     job = job_by_key(session, sub.key)
     assert job is not None  # inserted above or by a concurrent submitter
@@ -109,7 +112,7 @@ def restore_wire(session: Session, sub: Submission) -> None:
                                                   ScheduleRow.status == "failed")
                         .values(status="pending", updated_at=utcnow()))
         requeue(session, job, job.stage, "graph submitted again: its wire form is back")
-        enqueue_after_commit(session, job.stage, queue_class, job.id)
+        enqueue_after_commit(session, job.stage, queue_class, job.id, job.tenant)
 
 
 def add_job_owner(session: Session, job_id: int, owner: str) -> None:

@@ -29,18 +29,18 @@ def stream_name(stage: str, queue_class: str) -> str:
 # ---- enqueue after commit ------------------------------------------------------------------
 
 def enqueue_after_commit(session: Session, stage: str, queue_class: str, job_id: int,
-                         marked: bool = False) -> None:
-    """Put the job on its stage's stream once this transaction commits (never before: a
-    worker must find the row). The ServiceContext that made the session does it; a failed
-    enqueue marks the job `needs_enqueue`, and `marked=True` (the job carries the mark)
-    clears the mark once the enqueue succeeds."""
+                         tenant: str, marked: bool = False) -> None:
+    """Put the job on its stage's stream, in its tenant's turn, once this transaction commits
+    (never before: a worker must find the row). The ServiceContext that made the session
+    does it; a failed enqueue marks the job `needs_enqueue`, and `marked=True` (the job
+    carries the mark) clears the mark once the enqueue succeeds."""
     session.info.setdefault(AFTER_COMMIT, []).append(
-        (stream_name(stage, queue_class), job_id, marked))
+        (stream_name(stage, queue_class), job_id, tenant, marked))
 
 
-def take_after_commit(session: Session) -> list[tuple[str, int, bool]]:
-    """The enqueues registered in this session's transaction, (stream, job id, marked);
-    empties the list."""
+def take_after_commit(session: Session) -> list[tuple[str, int, str, bool]]:
+    """The enqueues registered in this session's transaction, (stream, job id, tenant,
+    marked); empties the list."""
     return session.info.pop(AFTER_COMMIT, [])
 
 
@@ -70,7 +70,7 @@ def recoverable_jobs(session: Session, lost: bool, stale_after_s: float,
     `stale_after_s`, and running jobs whose lease ran out a lease ago. Queued ones are
     touched, so the stale rule does not pick them again at once."""
     now = utcnow()
-    query = select(JobRow.id, JobRow.stage, ScheduleRow.queue_class).join(
+    query = select(JobRow.id, JobRow.stage, ScheduleRow.queue_class, JobRow.tenant).join(
         ScheduleRow, ScheduleRow.key == JobRow.key)
     if lost:
         query = query.where(JobRow.status.in_(("queued", "running")))
@@ -82,11 +82,20 @@ def recoverable_jobs(session: Session, lost: bool, stale_after_s: float,
             # held by a worker that died after its message was lost or settled
             | ((JobRow.status == "running")
                & (JobRow.lease_until < now - timedelta(seconds=lease_s))))
-    rows = [(r.id, r.stage, r.queue_class) for r in session.execute(query.order_by(JobRow.id))]
+    rows = [(r.id, r.stage, r.queue_class, r.tenant) for r in session.execute(query.order_by(JobRow.id))]
     if rows:
         session.execute(update(JobRow).where(JobRow.id.in_([r[0] for r in rows]),
                                              JobRow.status == "queued").values(updated_at=now))
     return rows
+
+
+def unfinished_jobs(session: Session, job_ids: list[int]) -> list[tuple[int, str, str, str]]:
+    """(job id, stage, queue class, tenant) of those of these jobs that are queued or
+    running, by id."""
+    query = select(JobRow.id, JobRow.stage, ScheduleRow.queue_class, JobRow.tenant).join(
+        ScheduleRow, ScheduleRow.key == JobRow.key).where(
+        JobRow.id.in_(job_ids), JobRow.status.in_(("queued", "running")))
+    return [tuple(r) for r in session.execute(query.order_by(JobRow.id))]
 
 
 # ---- lookups and history -------------------------------------------------------------------
@@ -239,16 +248,16 @@ def adopt_untuned(session: Session, queue_class: str, worker: str) -> list[int]:
     if not ids:
         return []
     now = utcnow()
-    taken = list(session.scalars(
+    taken = session.execute(
         update(JobRow).where(JobRow.id.in_(ids), JobRow.status == "done", JobRow.stage == "build")
         .values(stage="tune", status="queued", attempts=0, progress=0.5, error=None,
                 worker_id=None, lease_until=None, finished_at=None, updated_at=now)
-        .returning(JobRow.id)))
-    for job_id in taken:
+        .returning(JobRow.id, JobRow.tenant)).all()
+    for job_id, tenant in taken:
         session.add(JobEventRow(job_id=job_id, status="queued", worker_id=worker, at=now,
                                 message="a GPU worker for this target started; tuning"))
-        enqueue_after_commit(session, "tune", queue_class, job_id)
-    return taken
+        enqueue_after_commit(session, "tune", queue_class, job_id, tenant)
+    return [job_id for job_id, _tenant in taken]
 
 
 def job_dict(session: Session, job: JobRow) -> dict[str, Any]:
@@ -258,7 +267,7 @@ def job_dict(session: Session, job: JobRow) -> dict[str, Any]:
     return {
         "id": job.id, "key": job.key, "status": job.status, "stage": job.stage,
         "progress": job.progress, "attempts": job.attempts, "error": job.error,
-        "worker": job.worker_id, "tuned_device": job.tuned_device,
+        "worker": job.worker_id, "tenant": job.tenant, "tuned_device": job.tuned_device,
         "created_at": job.created_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "history": [{"status": e.status, "at": e.at.isoformat(), "worker": e.worker_id,

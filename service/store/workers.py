@@ -39,10 +39,11 @@ def gpu_serves(session: Session, queue_class: str, window_s: float) -> bool:
         WorkerRow.status == "running", WorkerRow.heartbeat_at > since).limit(1)).first() is not None
 
 
-def bury_dead_workers(session: Session, silent_s: float) -> list[tuple[int, str, str]]:
+def bury_dead_workers(session: Session, silent_s: float) -> list[tuple[int, str, str, str]]:
     """Mark `dead` every running worker whose last heartbeat is older than `silent_s`, and
     put back in the queue the jobs they held whose lease has run out (the attempt counts, so
-    a job that kills its workers still ends failed). Returns (job id, stage, queue class) of
+    a job that kills its workers still ends failed). Returns (job id, stage, queue class,
+    tenant) of
     the jobs to enqueue once this commits; they stay marked `needs_enqueue` until then."""
     now = utcnow()
     dead = list(session.scalars(
@@ -52,12 +53,12 @@ def bury_dead_workers(session: Session, silent_s: float) -> list[tuple[int, str,
     if not dead:
         return []
     orphans = session.execute(
-        select(JobRow.id, JobRow.stage, JobRow.worker_id, ScheduleRow.queue_class)
+        select(JobRow.id, JobRow.stage, JobRow.worker_id, ScheduleRow.queue_class, JobRow.tenant)
         .join(ScheduleRow, ScheduleRow.key == JobRow.key)
         .where(JobRow.worker_id.in_(dead), JobRow.status == "running", JobRow.lease_until < now)
     ).all()
     requeued = []
-    for job_id, stage, worker, queue_class in orphans:
+    for job_id, stage, worker, queue_class, tenant in orphans:
         if session.execute(update(JobRow).where(
                 JobRow.id == job_id, JobRow.worker_id == worker, JobRow.status == "running")
                 .values(status="queued", worker_id=None, lease_until=None, updated_at=now,
@@ -65,5 +66,5 @@ def bury_dead_workers(session: Session, silent_s: float) -> list[tuple[int, str,
             session.add(JobEventRow(job_id=job_id, status="queued", worker_id=worker, at=now,
                                     message=f"worker {worker} sent no heartbeat for "
                                             f"{silent_s:g} s (killed or cut off); queued again"))
-            requeued.append((job_id, stage, queue_class))
+            requeued.append((job_id, stage, queue_class, tenant))
     return requeued

@@ -1,11 +1,11 @@
-"""A stand-in for `compile_pool.compile_job` that kills its worker on one kernel (what a
+"""A stand-in for `compiler.aot.worker.compile_job` that kills its worker on one kernel (what a
 compiler crash does), for tests/compiler/test_compile_pool.py; imported by spawned workers."""
 
 from __future__ import annotations
 
 import os
 
-from compiler.runtime.compile_pool import CompileJob
+from compiler.aot import CompileJob
 
 
 def crash_on_boom(job: CompileJob) -> str | None:

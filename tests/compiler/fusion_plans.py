@@ -66,7 +66,7 @@ def plan(gm: fx.GraphModule, inputs: list[Any]) -> dict[str, Any]:
             steps.append(["view", step.node.name])
         else:
             steps.append(_kernel(program, step))
-    kinds = {n.name: kind for n, kind in classify(program.gm).items()}
+    kinds = {n.name: kind.name for n, kind in classify(program.gm).items()}
     return {"kinds": kinds, "steps": steps, "buffers": sorted(n.name for n in program.buffers)}
 
 

@@ -10,7 +10,8 @@ import time
 
 import torch  # noqa: F401 - what a training script imports; a worker must not pay it
 
-from compiler.runtime.compile_pool import CompileJob, CompilePool
+from compiler.aot.jobs import CompileJob
+from compiler.aot.pool import CompilePool
 from tests.compiler.crashing_compile import crash_on_boom
 
 open(os.path.join(os.environ["KILN_TEST_MARKERS"], str(os.getpid())), "w").close()

@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
 import compiler
-from compiler.runtime import compile_pool
+from compiler import aot
 from tests.compiler.oputil import rand, trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ def main() -> None:
     infos = built.launches()
     start = time.perf_counter()
     jobs = [] if serial else built._compile_jobs(infos)
-    compiled = compile_pool.compile_ahead(jobs)
+    compiled = aot.compile_ahead(jobs)
     before = _cache_files()
     for info in infos:
         info.fn.warmup(*info.arg_dtypes, grid=info.grid, **info.constexprs, **info.options)

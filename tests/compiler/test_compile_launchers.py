@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from compiler.runtime import compile_pool
-from compiler.runtime.compile_pool import CompileJob
+from compiler import aot
+from compiler.aot import CompileJob, ahead, launchers, worker
+from compiler.runtime import loading
 
 
 def _job(kernel: str, signature: dict | None, key: str | None = None) -> CompileJob:
@@ -27,12 +28,12 @@ OTHER = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "co
 
 def test_one_launcher_per_signature_and_cached_binaries_only_build_theirs() -> None:
     a, b, c, d = _job("a", PTRS), _job("b", PTRS), _job("c", OTHER), _job("d", None)
-    plan = compile_pool._with_launchers([a, b, c, d], todo=[b, d])
+    plan = ahead._with_launchers([a, b, c, d], todo=[b, d])
     # Both compiling jobs go, b building the launcher a shares; c's binary is cached, but
     # its signature's launcher is built by sending it (its compile then finds the binary).
     assert [(j.kernel, j.launcher, compiles) for j, compiles in plan] == [
         ("b", True, True), ("d", True, True), ("c", True, False)]
-    assert compile_pool._with_launchers([a, b], todo=[a, b]) == [
+    assert ahead._with_launchers([a, b], todo=[a, b]) == [
         (a, True), (CompileJob("b", "", "0" * 64, "f", b.spec, launcher=False), True)]
 
 
@@ -46,43 +47,43 @@ class _Pool:
 
 
 def _cached_except(monkeypatch, missing: set[str]) -> None:
-    monkeypatch.setattr(compile_pool, "is_cached", lambda key, fn: key not in missing)
+    monkeypatch.setattr(ahead, "is_cached", lambda key, fn: key not in missing)
 
 
 def test_compile_ahead_sends_cached_binaries_for_their_launchers_and_counts_compiles(
         monkeypatch) -> None:
     pool = _Pool()
-    monkeypatch.setattr(compile_pool, "shared", lambda: pool)
-    monkeypatch.setattr(compile_pool, "per_kernel_launchers", lambda: True)
+    monkeypatch.setattr(ahead, "shared", lambda: pool)
+    monkeypatch.setattr(ahead, "per_kernel_launchers", lambda: True)
     _cached_except(monkeypatch, {"k_a"})
     jobs = [_job("a", PTRS, "k_a"), _job("b", OTHER, "k_b"), _job("c", OTHER, "k_c")]
-    assert compile_pool.compile_ahead(jobs) == 1  # a compiled; b only built a launcher
+    assert ahead.compile_ahead(jobs) == 1  # a compiled; b only built a launcher
     assert [(j.kernel, j.launcher) for j in pool.sent] == [("a", True), ("b", True)]
 
 
 def test_without_per_kernel_launchers_cached_binaries_stay_out_of_the_pool(monkeypatch) -> None:
     pool = _Pool()
-    monkeypatch.setattr(compile_pool, "shared", lambda: pool)
-    monkeypatch.setattr(compile_pool, "per_kernel_launchers", lambda: False)
+    monkeypatch.setattr(ahead, "shared", lambda: pool)
+    monkeypatch.setattr(ahead, "per_kernel_launchers", lambda: False)
     _cached_except(monkeypatch, {"k_a", "k_b"})
     jobs = [_job("a", PTRS, "k_a"), _job("b", PTRS, "k_b"), _job("c", OTHER, "k_c")]
-    assert compile_pool.compile_ahead(jobs) == 2
+    assert ahead.compile_ahead(jobs) == 2
     assert [j.kernel for j in pool.sent] == ["a", "b"]
 
 
 def test_the_worker_builds_the_launcher_only_when_its_job_says(monkeypatch) -> None:
     built = []
-    monkeypatch.setattr(compile_pool, "_compile", lambda job: f"kernel {job.kernel}")
-    monkeypatch.setattr(compile_pool, "build_launcher", built.append)
-    assert compile_pool.compile_job(_job("a", PTRS)) is None
-    assert compile_pool.compile_job(CompileJob("b", "", "0" * 64, "f", "{}", launcher=False)) is None
+    monkeypatch.setattr(worker, "_compile", lambda job: f"kernel {job.kernel}")
+    monkeypatch.setattr(worker, "build_launcher", built.append)
+    assert worker.compile_job(_job("a", PTRS)) is None
+    assert worker.compile_job(CompileJob("b", "", "0" * 64, "f", "{}", launcher=False)) is None
     assert built == ["kernel a"]
 
     def failing(kernel: object) -> None:
         raise OSError("no C compiler")
 
-    monkeypatch.setattr(compile_pool, "build_launcher", failing)
-    assert compile_pool.compile_job(_job("c", PTRS)) == "launcher: OSError: no C compiler"
+    monkeypatch.setattr(worker, "build_launcher", failing)
+    assert worker.compile_job(_job("c", PTRS)) == "launcher: OSError: no C compiler"
 
 
 def test_a_kernel_for_another_backend_or_this_triton_builds_no_launcher(monkeypatch) -> None:
@@ -94,17 +95,20 @@ def test_a_kernel_for_another_backend_or_this_triton_builds_no_launcher(monkeypa
         def __init__(self, backend: str) -> None:
             self.metadata, self.src = Meta(backend), None
 
-    compile_pool.build_launcher(Kernel("hip"))  # returns before any launcher class
-    if not compile_pool.per_kernel_launchers():  # Triton 3.9: one launcher for every kernel
-        compile_pool.build_launcher(Kernel("cuda"))
+    launchers.build_launcher(Kernel("hip"))  # returns before any launcher class
+    if not launchers.per_kernel_launchers():  # Triton 3.9: one launcher for every kernel
+        launchers.build_launcher(Kernel("cuda"))
 
 
-def test_warm_workers_have_tritons_own_cache_key() -> None:
-    from triton.runtime.cache import triton_key
+def test_warm_workers_have_tritons_own_cache_key(monkeypatch) -> None:
+    """`warm` asks Triton's own function (a stand-in here: a test that prepared loading in
+    this process has already put the child's key in its place)."""
+    import triton.runtime.cache as cache
 
-    triton_key.cache_clear()
-    compile_pool._warm()
-    assert triton_key.cache_info().currsize == 1
+    calls = []
+    monkeypatch.setattr(cache, "triton_key", lambda: calls.append(1) or "key")
+    worker.warm()
+    assert calls == [1]
 
 
 def test_the_loader_hashes_triton_with_a_short_switch_interval_and_restores_it(monkeypatch) -> None:
@@ -122,9 +126,9 @@ def test_the_loader_hashes_triton_with_a_short_switch_interval_and_restores_it(m
     monkeypatch.setattr(triton_key, "_known", False)
     monkeypatch.setattr(triton_key, "_child", None)
     monkeypatch.setattr(cache, "triton_key", lambda: seen.append(sys.getswitchinterval()))
-    monkeypatch.setattr(driver, "_active", compile_pool.StandInDriver(90))
+    monkeypatch.setattr(driver, "_active", aot.StandInDriver(90))
     before = sys.getswitchinterval()
-    compile_pool.prepare_loading()
+    loading.prepare_loading()
     assert seen[0] == pytest.approx(min(before, gil.SHORT_SWITCH_INTERVAL))
     assert sys.getswitchinterval() == before
 
@@ -135,7 +139,7 @@ def test_the_backends_part_of_a_cache_key_is_paid_ahead(monkeypatch) -> None:
 
     from triton.backends.compiler import GPUTarget
 
-    compile_pool.backend_hash(GPUTarget("cuda", 90, 32))
+    aot.backend_hash(GPUTarget("cuda", 90, 32))
     spawned = []
     real = subprocess.Popen.__init__
     monkeypatch.setattr(subprocess.Popen, "__init__",

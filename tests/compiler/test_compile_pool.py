@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from compiler.runtime import compile_pool
-from compiler.runtime.compile_pool import CRASHED, CompileJob, CompilePool
+from compiler import aot
+from compiler.aot import ahead
+from compiler.aot.jobs import CompileJob
+from compiler.aot.pool import CRASHED, MAX_WORKERS, CompilePool, workers
 from tests.compiler.crashing_compile import crash_on_boom
 from tests.compiler.precompile_sm90 import run_module
 
@@ -54,19 +56,19 @@ def test_compile_ahead_names_a_kernel_that_kills_the_compiler(monkeypatch) -> No
         def compile_all(self, jobs, run=None):  # noqa: ARG002 - the verdicts of a crash
             return [None if j.kernel != "boom" else CRASHED for j in jobs]
 
-    monkeypatch.setattr(compile_pool, "shared", lambda: Crashing(1))
-    with pytest.raises(compile_pool.CompileCrash, match="kernel boom killed the Triton compiler"):
-        compile_pool.compile_ahead([_job("ok"), _job("boom")])
+    monkeypatch.setattr(ahead, "shared", lambda: Crashing(1))
+    with pytest.raises(aot.CompileCrash, match="kernel boom killed the Triton compiler"):
+        aot.compile_ahead([_job("ok"), _job("boom")])
 
 
 def test_worker_count_comes_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("KILN_COMPILE_WORKERS", "3")
-    assert compile_pool.workers() == 3
+    assert workers() == 3
     monkeypatch.setenv("KILN_COMPILE_WORKERS", "many")
     with pytest.raises(ValueError, match="KILN_COMPILE_WORKERS must be a whole number"):
-        compile_pool.workers()
+        workers()
     monkeypatch.delenv("KILN_COMPILE_WORKERS")
-    assert 1 <= compile_pool.workers() <= compile_pool.MAX_WORKERS
+    assert 1 <= workers() <= MAX_WORKERS
 
 
 def test_specialization_names_the_target_where_triton_leaves_it_out() -> None:
@@ -86,9 +88,9 @@ def test_specialization_names_the_target_where_triton_leaves_it_out() -> None:
                                          compile={"specialization_data": json.dumps(spec)})
 
     saved = driver._active
-    driver.set_active(compile_pool.StandInDriver(90))
+    driver.set_active(aot.StandInDriver(90))
     try:
-        data = json.loads(compile_pool.specialization(Fn(), (), (1,), {}))
+        data = json.loads(aot.specialization(Fn(), (), (1,), {}))
     finally:
         driver._active = saved
     assert data["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}

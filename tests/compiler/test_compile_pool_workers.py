@@ -26,7 +26,8 @@ def test_workers_do_not_run_the_users_script_again(tmp_path: Path) -> None:
 def test_threads_compiling_at_once_share_the_workers() -> None:
     import threading
 
-    from compiler.runtime.compile_pool import CompileJob, CompilePool
+    from compiler.aot import CompileJob
+    from compiler.aot.pool import CompilePool
     from tests.compiler.crashing_compile import crash_on_boom
 
     pool = CompilePool(2)
@@ -56,8 +57,9 @@ def raising(job) -> str | None:
 
 def test_a_runner_that_raises_or_no_worker_at_all_leaves_the_job_to_the_building_thread(
         monkeypatch) -> None:
-    from compiler.runtime import compile_pool
-    from compiler.runtime.compile_pool import CompileJob, CompilePool
+    from compiler.aot import CompileJob
+    from compiler.aot import pool as compile_pool
+    from compiler.aot.pool import CompilePool
 
     jobs = [CompileJob(k, "", "0" * 64, "f", "{}") for k in ("a", "b")]
     pool = CompilePool(2)

@@ -18,9 +18,11 @@ from torch import nn
 from torch._prims_common import suggest_memory_format
 
 import compiler
-from compiler.lowering import frontend, lower, meta_memo
+from compiler import from_wire, to_wire
+from compiler.lowering import frontend, meta_memo
 from compiler.lowering.tracing import trace_training
 from compiler.runtime.extern_layout import laid_out, layouts, returns_fresh
+from compiler.wire import device_layout
 from tests.compiler.oputil import TOL, assert_matches, rand, trace
 
 aten = torch.ops.aten
@@ -40,7 +42,7 @@ def _cudnn_like_backward(grad_output, x, weight, *args):  # noqa: ANN001, ANN202
 
 @pytest.fixture
 def cudnn_layouts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setitem(lower._META_RULES, aten.convolution_backward.default, _cudnn_like_backward)
+    monkeypatch.setitem(device_layout.RULES, aten.convolution_backward.default, _cudnn_like_backward)
     meta_memo.forget()
     frontend._CACHE.clear()
     yield
@@ -189,3 +191,18 @@ def test_convnext_atto_like_trains_like_eager_with_cudnn_layouts(cudnn_layouts) 
     allows, so the swapped rule cannot lower it.)"""
     torch.manual_seed(0)
     _train_step(_ConvNeXt(conv_mlp=True), rand((2, 3, 32, 32), seed=4), True)
+
+
+def test_convnext_graphs_pass_wire_validation_with_the_devices_layouts() -> None:
+    """Validation runs ops on the meta device as lowering does, with the same layout rules:
+    a depthwise convolution of a channels-last input (the stem's LayerNorm2d permutes back)
+    is channels-last on the device, so the block's NHWC permute is dense and its Linear
+    views it as rows. Torch's meta kernel says row-major and the view failed validation:
+    timm's convnext_tiny ran its training forward eagerly on the H200."""
+    torch.manual_seed(0)
+    fwd, bwd, fwd_in, bwd_in = trace_training(_ConvNeXt(), [rand((2, 3, 32, 32), seed=4)])
+    for gm, inputs in ((fwd, fwd_in), (bwd, bwd_in)):
+        views = [n for n in gm.graph.nodes if n.target is aten.view.default]
+        assert views  # the Linear layers' row views are in the graph under test
+        graph = from_wire(to_wire(gm, inputs))
+        assert_matches(graph.to_fx()(*inputs), gm(*inputs))

@@ -1,9 +1,11 @@
-"""Fusion decides joins without generating kernels (`KernelKind.fits`, `_Planner.reads_anchor`):
-on every join attempt of the corpus and the BENCH cases, its answer is the one generating
-the whole trial kernel gives (a NotFusible or not)."""
+"""Fusion decides joins from metadata, without generating kernels (each kernel kind's
+`can_fuse`, over the op rules' declared reads): on every join attempt of the corpus and the
+BENCH cases, each kind's answer is the one generating the grown kernel in that kind's
+variants gives (a NotFusible or not)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -11,7 +13,8 @@ import torch
 from torch import fx
 
 import compiler
-from compiler.codegen import NotFusible, generate_kernel, kinds
+from compiler.codegen import NotFusible, generate_kernel, kinds, writer
+from compiler.codegen.access import Reads
 from compiler.ir import KernelGroup
 from compiler.lowering import fusion
 from compiler.lowering.lower import lower_fx
@@ -19,41 +22,44 @@ from tests.compiler.fusion_plans import graphs
 from tests.compiler.oputil import assert_matches, rand, trace
 
 
-def _generates(group: KernelGroup, is_buffer: Callable[[fx.Node], bool]) -> bool:
-    try:
-        generate_kernel(group, kinds.trial_variant(group.kind), is_buffer, [])
-    except NotFusible:
-        return False
-    return True
+def _generates(kind: kinds.KernelKind, group: KernelGroup, is_buffer: Callable[[fx.Node], bool]) -> bool:
+    answers = set()
+    for variant in kind.variants:
+        try:
+            generate_kernel(group, variant, is_buffer, [])
+        except NotFusible:
+            answers.add(False)
+        else:
+            answers.add(True)
+    assert len(answers) == 1, (group.name, kind.name, "variants disagree")
+    return answers.pop()
 
 
-def test_fits_agrees_with_generating_the_trial_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked = {"fits": 0, "no anchor": 0}
+def test_can_fuse_agrees_with_generating_the_grown_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: Counter[str] = Counter()
     for kind in {type(k) for k in kinds.KINDS}:
-        original = kind.fits
+        original = kind.can_fuse
 
-        def fits(self: kinds.KernelKind, group: KernelGroup, node: fx.Node,
-                 is_buffer: Callable[[fx.Node], bool], _original: Callable = original) -> bool:
-            got = _original(self, group, node, is_buffer)
-            assert got == _generates(group, is_buffer), (group.name, node.name, got)
-            asked["fits"] += 1
+        def can_fuse(self: kinds.KernelKind, group: KernelGroup, node: fx.Node, reads: Reads,
+                     _original: Callable = original) -> bool:
+            got = _original(self, group, node, reads)
+            assert got == _generates(self, group, reads.is_buffer), (self.name, group.name, node.name, got)
+            asked[f"{self.name}, {'refused' if not got else 'taken'}"] += 1
             return got
 
-        monkeypatch.setattr(kind, "fits", fits)
-    reads_anchor = fusion.Planner.reads_anchor
-
-    def checked(self: fusion.Planner, group: KernelGroup, node: fx.Node) -> bool:
-        got = reads_anchor(self, group, node)
-        if not got:  # no check at all: the trial kernel must generate
-            assert _generates(group, self.is_buffer), (group.name, node.name)
-            asked["no anchor"] += 1
-        return got
-
-    monkeypatch.setattr(fusion.Planner, "reads_anchor", checked)
-    x = rand((4, 6))
-    for _, gm, inputs in [*graphs(), ("reshaped", trace(_reshaped_member, x), [x])]:
+        monkeypatch.setattr(kind, "can_fuse", can_fuse)
+    x, a, b = rand((4, 6)), rand((8, 8), seed=1), rand((8, 8), seed=2)
+    for _, gm, inputs in [*graphs(), ("reshaped", trace(_reshaped_member, x), [x]),
+                          ("transposed", trace(_transposed_epilogue, a, b), [a, b])]:
         lower_fx(gm, list(inputs))
-    assert asked["fits"] > 50 and asked["no anchor"] > 0, asked
+    assert asked["reduction, taken"] > 50 and asked["matmul, taken"] > 5, asked
+    assert asked["reduction, refused"] > 0 and asked["matmul, refused"] > 0, asked
+    assert asked["pointwise, taken"] > 0, asked
+
+
+def _transposed_epilogue(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    y = (a @ b).relu()  # joins the matmul's kernel
+    return y + y.t()  # reads the accumulator at another element: its own kernel
 
 
 def _reshaped_member(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -71,3 +77,17 @@ def test_a_reduction_does_not_join_a_kernel_whose_members_are_not_rows() -> None
     assert len(kinds_of["pointwise"]) == 2, kinds_of
     built = compiler.build(gm, None, [x])
     assert_matches(built(x), _reshaped_member(x))
+
+
+def test_planning_writes_no_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, a, b = rand((4, 6)), rand((8, 8), seed=1), rand((8, 8), seed=2)
+    lowered = [lower_fx(trace(_reshaped_member, x), [x]), lower_fx(trace(_transposed_epilogue, a, b), [a, b])]
+
+    def no_writer(*args: object, **kwargs: object) -> None:
+        raise AssertionError("fusion planning made a Writer")
+
+    monkeypatch.setattr(writer.Writer, "__init__", no_writer)
+    for program in lowered:
+        steps, _ = fusion.plan_steps(program.gm)
+        planned = [[m.name for m in s.members] for s in steps if isinstance(s, KernelGroup)]
+        assert planned == [[m.name for m in k.members] for k in program.kernels]

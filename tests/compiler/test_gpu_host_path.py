@@ -74,12 +74,12 @@ def _train(model: nn.Module, steps: int, keep: bool, set_to_none: bool) -> tuple
 def test_training_with_cuda_graphs_matches_eager(keep: bool, set_to_none: bool,
                                                  tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import kiln
-    from kiln import backend
+    from kiln import session
 
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "schedules"))
     kiln.configure(url=None)
     torch._dynamo.reset()
-    backend.shutdown()
+    session.shutdown()
     try:
         torch.manual_seed(0)
         eager = Block(128).cuda()
@@ -93,14 +93,14 @@ def test_training_with_cuda_graphs_matches_eager(keep: bool, set_to_none: bool,
         for got_step, want_step in zip(got_grads, want_grads, strict=True):
             for got, want in zip(got_step, want_step, strict=True):
                 torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-3)
-        graphs = {g.kind: g for g in backend.compiled_graphs()}
+        graphs = {g.kind: g for g in session.compiled_graphs()}
         assert set(graphs) == {"forward", "backward"}
         for g in graphs.values():
             assert g.level == "heuristic", g
             runner = g.built._graphs
             assert runner is not None and not runner.failed and runner.replays > 0, vars(runner)
     finally:
-        backend.shutdown()
+        session.shutdown()
         kiln.configure(reset=True)
         torch._dynamo.reset()
 

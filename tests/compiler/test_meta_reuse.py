@@ -12,6 +12,7 @@ from torch import fx
 from compiler.ir import TensorMeta
 from compiler.lowering import lower, meta_memo
 from compiler.lowering.lower import lower_fx, propagate_meta
+from compiler.wire import device_layout
 from compiler.wire.memo import plain_value
 from tests.compiler.oputil import rand, trace
 from tests.corpus import case, case_names
@@ -25,24 +26,23 @@ def _graph() -> tuple[fx.GraphModule, list[TensorMeta]]:
     return trace(fn, x, x2), [TensorMeta.of(x), TensorMeta.of(x2)]
 
 
-class _CountingRules(dict):
-    """Stands in for `lower._META_RULES`: every op lowering runs on the meta device asks it
-    for a rule, so its asks count the runs."""
+class _CountingLayouts:
+    """Stands in for `compiler.wire.device_layout` in lowering: every op lowering runs on
+    the meta device goes through its `run`, which counts the runs."""
 
-    def __init__(self, rules: dict) -> None:
-        super().__init__(rules)
+    def __init__(self) -> None:
         self.asked: list[object] = []
 
-    def get(self, key, default=None):  # noqa: ANN001, ANN202
-        self.asked.append(key)
-        return super().get(key, default)
+    def run(self, target, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        self.asked.append(target)
+        return device_layout.run(target, *args, **kwargs)
 
 
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     meta_memo.forget()
-    counting = _CountingRules(lower._META_RULES)
-    monkeypatch.setattr(lower, "_META_RULES", counting)
+    counting = _CountingLayouts()
+    monkeypatch.setattr(lower, "device_layout", counting)
     yield counting.asked
     meta_memo.forget()
 

@@ -8,7 +8,11 @@ import torch
 
 import compiler
 from compiler.codegen import exprs, indexing, matmul, reduction, rules, views
+from compiler.codegen.common import TL_DTYPES, Unsupported
+from compiler.codegen.writer import Writer
+from compiler.ir import TensorMeta, base_name, meta
 from compiler.lowering import ops
+from compiler.lowering.lower import lower_fx
 from tests.compiler.oputil import check, rand, trace
 
 
@@ -38,3 +42,47 @@ def test_a_broken_rule_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatc
     x = rand((3, 7, 11), seed=2)  # a shape no other test builds: lowering caches by graph
     with pytest.raises(KeyError, match="a bug in a rule"):
         compiler.build(trace(lambda x: torch.exp(x) * 2, x), None, [x])
+
+
+def _emitter_refuses(node: torch.fx.Node) -> bool:
+    """Whether the op's emitter raises Unsupported for `node`'s value, every input read
+    from a buffer: what each rule's declared `refuse` must say without emitting."""
+    w = Writer(members=set(), is_buffer=lambda n: n is not node, int64=False, evaluate=rules.evaluate)
+    try:
+        w.value(node, tuple(f"i{d}" for d in range(len(meta(node).shape))), "mask")
+    except Unsupported:
+        return True
+    return False
+
+
+def _odd_forms() -> list[torch.fx.GraphModule]:
+    x, i = rand((4, 6), seed=3), torch.tensor([2, 0, 1])
+    forms = [
+        lambda x: torch.round(x, decimals=2) + 1,
+        lambda x: x.to(torch.int32) ** 9 + x.to(torch.int32) ** 2 + 2 ** x,
+        lambda x: torch.sign(x.to(torch.uint8)) + torch.sign(x.to(torch.int8)),
+        lambda x: torch.bitwise_and(x.to(torch.int32), 3),
+        lambda x: torch.ops.aten.gelu_backward(x, x, approximate="tanh") + torch.ops.aten.gelu_backward(x, x),
+        lambda x: (x[:, i] * 2, x[i] * 2),
+    ]
+    return [trace(f, x) for f in forms]
+
+
+def test_each_rule_declares_the_forms_its_emitter_refuses() -> None:
+    from tests.compiler.fusion_plans import graphs
+
+    gms = [lower_fx(gm, list(inputs)).gm for _, gm, inputs in graphs()]
+    gms += [lower_fx(gm, [rand((4, 6), seed=3)]).gm for gm in _odd_forms()]
+    seen = {True: 0, False: 0}
+    for gm in gms:
+        for node in gm.graph.nodes:
+            rule = rules.RULES.get(base_name(node)) if node.op == "call_function" else None
+            if rule is None or rule.kind not in ("pointwise", "index") or not all(
+                    isinstance(n.meta.get("kiln_meta"), TensorMeta) and meta(n).dtype in TL_DTYPES
+                    for n in (node, *node.all_input_nodes)):
+                continue
+            refused = rule.refuse(node) is not None
+            assert refused == _emitter_refuses(node), (node.format_node(), rule.refuse(node))
+            assert rules.node_kind(node).extern == refused
+            seen[refused] += 1
+    assert seen[True] >= 4 and seen[False] > 500, seen

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import compiler
-from compiler.runtime import compile_pool, static_launch
-from compiler.runtime.compile_pool import CompileJob
+from compiler import aot
+from compiler.aot import CompileJob, ahead
+from compiler.runtime import static_launch
 from tests.compiler.oputil import rand, trace
 
 
@@ -80,14 +81,14 @@ def test_a_kiln_kernel_specialised_for_sm90_has_a_plan_matching_its_launch() -> 
     """A real generated kernel, specialised as a client's JIT on an H200 would (the
     signature its ASTSource, and so Triton's launcher, gets): the kernel's arguments are the
     launch's buffers first, then integers; its block sizes are constexprs."""
-    from tuner import aot
+    from compiler.aot import target as aot_target
 
     x, w = rand((64, 128), seed=1), rand((128,), seed=2)
     gm = trace(lambda a, b: F.gelu(a * b).sum(-1), x, w)
     target = compiler.Target.named("sm_90", name="NVIDIA H200")
     built = compiler.build(gm, compiler.heuristic_schedule(gm, target, [x, w]), [x, w])
     for spec in aot.launch_specs(built):
-        fn, data = aot._jit_specialization(spec, 90)
+        fn, data = aot_target._jit_specialization(spec, 90)
         signature = json.loads(data)["signature"]
         codes, keep = static_launch.argument_plan(signature)
         pointers = len(spec.arg_dtypes)
@@ -232,12 +233,12 @@ def test_no_lazy_driver_where_triton_made_its_own_or_static_launch_is_off(monkey
 def test_available_needs_per_signature_launchers_a_static_launcher_and_no_opt_out(
         monkeypatch) -> None:
     monkeypatch.setattr(torch._C, "_StaticCudaLauncher", _FakeStatic, raising=False)
-    monkeypatch.setattr(compile_pool, "per_kernel_launchers", lambda: True)
+    monkeypatch.setattr(aot, "per_kernel_launchers", lambda: True)
     assert static_launch.available()
     monkeypatch.setenv("KILN_STATIC_LAUNCH", "off")
     assert not static_launch.available()
     monkeypatch.delenv("KILN_STATIC_LAUNCH")
-    monkeypatch.setattr(compile_pool, "per_kernel_launchers", lambda: False)
+    monkeypatch.setattr(aot, "per_kernel_launchers", lambda: False)
     assert not static_launch.available()
 
 
@@ -249,14 +250,14 @@ def test_with_the_static_launcher_the_workers_build_no_launchers(monkeypatch) ->
             sent.extend(jobs)
             return [None] * len(jobs)
 
-    monkeypatch.setattr(compile_pool, "shared", lambda: Pool())
-    monkeypatch.setattr(compile_pool, "per_kernel_launchers", lambda: True)
-    monkeypatch.setattr(compile_pool, "is_cached", lambda key, fn: key != "k_a")
+    monkeypatch.setattr(ahead, "shared", lambda: Pool())
+    monkeypatch.setattr(ahead, "per_kernel_launchers", lambda: True)
+    monkeypatch.setattr(ahead, "is_cached", lambda key, fn: key != "k_a")
     jobs = [CompileJob(k, "", "0" * 64, "f", json.dumps({"cache_key": f"k_{k}",
                                                          "signature": {"x": f"*{k}"}}))
             for k in ("a", "b", "c")]
-    assert compile_pool.compile_ahead(jobs, launchers=False) == 0  # one job: compiled here
+    assert aot.compile_ahead(jobs, launchers=False) == 0  # one job: compiled here
     assert sent == []
-    monkeypatch.setattr(compile_pool, "is_cached", lambda key, fn: False)
-    assert compile_pool.compile_ahead(jobs, launchers=False) == 3
+    monkeypatch.setattr(ahead, "is_cached", lambda key, fn: False)
+    assert aot.compile_ahead(jobs, launchers=False) == 3
     assert [(j.kernel, j.launcher) for j in sent] == [("a", False), ("b", False), ("c", False)]

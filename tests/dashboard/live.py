@@ -108,4 +108,4 @@ class LiveService:
             entry = store.schedule_by_key(session, key)
             assert job is not None and entry is not None
             store.requeue(session, job, "tune", "tuning on the CPU (Triton interpreter)")
-            store.enqueue_after_commit(session, "tune", entry.queue_class, job.id)
+            store.enqueue_after_commit(session, "tune", entry.queue_class, job.id, job.tenant)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import kiln
-from kiln import backend, degrade
 from kiln import config as kiln_config
+from kiln import degrade, session
 
 
 @pytest.fixture
@@ -22,10 +22,10 @@ def kiln_state(tmp_path, monkeypatch) -> Iterator[dict]:
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "schedules"))
     kiln.configure(reset=True)
     degrade.reset()
-    backend.shutdown()
+    session.shutdown()
     torch._dynamo.reset()
     yield {"cache_dir": tmp_path / "schedules"}
-    backend.shutdown()
+    session.shutdown()
     kiln.configure(reset=True)
     degrade.reset()
     torch._dynamo.reset()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from examples.models import GPT, GPTConfig, SeedMLP, gpt_batches, train
-from kiln import KilnWarning, backend, degrade, remote_compile
+from kiln import KilnWarning, degrade, remote_compile, session
 
 _CAUSE = re.compile(r"^kiln \[(\w+)\]")
 
@@ -111,7 +111,7 @@ def fresh_process() -> None:
     """What a new process starts with: no dynamo state, no counters (the disk stays)."""
     torch._dynamo.reset()
     degrade.reset()
-    backend.shutdown()
+    session.shutdown()
 
 
 def assert_same_step(got: dict, want: dict, tol: float = 1e-5) -> None:

@@ -15,7 +15,7 @@ import torch
 import compiler
 import kiln
 from examples.models import SeedMLP
-from kiln import backend, progress
+from kiln import progress, session
 from kiln.cache import ScheduleCache
 from kiln.compiled import CompiledGraph
 from tests.kiln.fake_http import FakeServer, json_reply
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("kiln_state")
 
 def _graphs_by_kind() -> dict[str, int]:
     kinds: dict[str, int] = {}
-    for g in backend.compiled_graphs():
+    for g in session.compiled_graphs():
         kinds[g.kind] = kinds.get(g.kind, 0) + 1
     return kinds
 
@@ -52,13 +52,13 @@ def test_each_graph_is_resolved_with_a_short_switch_interval(monkeypatch):
     from kiln.resolve import Resolver
 
     seen = []
-    real = Resolver.resolve
+    real = Resolver.search
 
-    def resolve(self, entry):
+    def search(self, entry):
         seen.append(sys.getswitchinterval())
         return real(self, entry)
 
-    monkeypatch.setattr(Resolver, "resolve", resolve)
+    monkeypatch.setattr(Resolver, "search", search)
     kiln.configure(url=None)
     before = sys.getswitchinterval()
     train_mlp(steps=1)
@@ -75,7 +75,7 @@ def test_training_without_a_service_builds_locally_and_the_cache_serves_a_restar
     stats = kiln.stats()
     assert _graphs_by_kind() == {"forward": 1, "backward": 1}
     assert stats["schedules_local"] == 2 and stats["builds"] == 2 and stats["eager"] == 0
-    assert all(g.level == "heuristic" and g.built.kernels for g in backend.compiled_graphs())
+    assert all(g.level == "heuristic" and g.built.kernels for g in session.compiled_graphs())
     assert not causes(kiln_warnings)  # no service configured: nothing to warn about
 
     # A restart (fresh dynamo, fresh counters) finds both schedules on disk.
@@ -106,7 +106,7 @@ def test_service_answering_garbage_trains_correctly_with_one_warning(kiln_warnin
         kiln.configure(url=srv.url, retries=0)
         want = train_mlp(backend=None)
         assert_close_losses(train_mlp(), want)
-        backend.shutdown()  # the poller keeps asking the garbage server; stop it first
+        session.shutdown()  # the poller keeps asking the garbage server; stop it first
     assert causes(kiln_warnings) == {"malformed": 1}
     assert kiln.stats()["schedules_local"] == 2
 
@@ -210,7 +210,7 @@ def test_hash_mismatch_in_the_local_cache_is_a_miss(kiln_warnings, kiln_state):
     want = train_mlp(steps=2, backend=None)
     train_mlp(steps=2)
     cache = ScheduleCache(kiln_state["cache_dir"])
-    for g in backend.compiled_graphs():  # tamper every entry, keeping it self-consistent
+    for g in session.compiled_graphs():  # tamper every entry, keeping it self-consistent
         doc = g.built.schedule.to_json()
         for kernel in doc["kernels"]:
             kernel["source_hash"] = "f" * 64
@@ -222,7 +222,7 @@ def test_hash_mismatch_in_the_local_cache_is_a_miss(kiln_warnings, kiln_state):
     assert causes(kiln_warnings) == {"hash_mismatch": 1}
     assert kiln.stats()["schedules_local"] == 2
     # the unusable entries were replaced by the good local ones
-    assert {cache.get(g.key).status for g in backend.compiled_graphs()} == {"heuristic"}
+    assert {cache.get(g.key).status for g in session.compiled_graphs()} == {"heuristic"}
 
 
 def test_wait_mode_takes_the_tuned_schedule_and_caches_it(kiln_warnings, kiln_state):
@@ -233,9 +233,9 @@ def test_wait_mode_takes_the_tuned_schedule_and_caches_it(kiln_warnings, kiln_st
     assert not causes(kiln_warnings)
     stats = kiln.stats()
     assert stats["schedules_fetched"] == 2 and stats["schedules_local"] == 0
-    assert {g.level for g in backend.compiled_graphs()} == {"tuned"}
+    assert {g.level for g in session.compiled_graphs()} == {"tuned"}
     cache = ScheduleCache(kiln_state["cache_dir"])
-    assert all(cache.get(g.key).status == "tuned" for g in backend.compiled_graphs())
+    assert all(cache.get(g.key).status == "tuned" for g in session.compiled_graphs())
 
 
 def test_wait_mode_gives_up_at_its_timeout_then_swaps_in_the_tuned_schedule(kiln_warnings):
@@ -249,7 +249,7 @@ def test_wait_mode_gives_up_at_its_timeout_then_swaps_in_the_tuned_schedule(kiln
             want, got = model(x), compiled(x)
         assert time.monotonic() - start < 60  # no hang beyond the wait timeout (+ a build)
         torch.testing.assert_close(got, want)
-        (graph,) = backend.compiled_graphs()
+        (graph,) = session.compiled_graphs()
         assert graph.level == "heuristic" and graph.origin == "local"
         deadline = time.monotonic() + 60
         while graph.level != "tuned" and time.monotonic() < deadline:
@@ -272,7 +272,7 @@ def _first_call() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Compiled
         want = model(x)
         compiled = torch.compile(model, backend="kiln")
         torch.testing.assert_close(compiled(x), want)
-    (graph,) = backend.compiled_graphs()
+    (graph,) = session.compiled_graphs()
     return compiled, x, want, graph
 
 
@@ -308,7 +308,7 @@ def test_a_wait_that_times_out_says_it_gave_up_and_what_the_graph_starts_with(
     with FakeServer(TunedLater(pending_polls=1000)) as srv:
         kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=0.5)
         _, _, _, graph = _first_call()
-        backend.shutdown()
+        session.shutdown()
     waiting, gave_up = _progress_lines(caplog)
     assert "up to 0 s more" in waiting
     assert gave_up.startswith(f"kiln: gave up waiting for the tuned schedule of the inference "
@@ -363,7 +363,7 @@ def test_a_service_that_comes_back_later_gets_the_graph_and_its_tuned_schedule_s
             while graph.level != "tuned" and time.monotonic() < deadline:
                 torch.testing.assert_close(compiled(x), want)
                 time.sleep(0.05)
-            backend.shutdown()
+            session.shutdown()
         torch.testing.assert_close(compiled(x), want)
     assert graph.level == "tuned" and service.bodies  # the poller submitted the graph
     assert causes(kiln_warnings) == {"unreachable": 1}
@@ -411,7 +411,7 @@ def test_a_forgotten_graph_is_submitted_again_and_its_finished_job_brings_the_sc
             time.sleep(0.05)
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), want)
-        backend.shutdown()
+        session.shutdown()
     assert (graph.level, graph.origin) == ("tuned", "service")
     paths = [path for _, path, *_ in srv.requests]
     assert service.posts == 2 and "/v1/jobs/job2" in paths
@@ -440,7 +440,7 @@ def test_a_heuristic_answer_whose_job_is_done_settles_a_wait_in_one_exchange(
     with FakeServer(heuristic) as srv:
         kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=30)
         _, _, _, graph = _first_call()
-        backend.shutdown()
+        session.shutdown()
     assert (graph.level, graph.origin, graph.final) == ("heuristic", "service", True)
     assert len(srv.requests) == exchanges
     assert not causes(kiln_warnings)
@@ -475,12 +475,12 @@ def test_a_known_graph_whose_job_is_done_is_a_hit_without_sending_it(
             want = model(x)
             for _ in range(2):  # a second process's compile: dynamo and kiln start again
                 torch._dynamo.reset()
-                backend.shutdown()
+                session.shutdown()
                 torch.testing.assert_close(torch.compile(model, backend="kiln")(x), want)
     assert len(srv.lookups) == 1  # the first compile's: the service did not know the graph
     assert [m for m, *_ in srv.requests] == ["POST", *second_exchanges]
     assert kiln.stats().get("schedules_probed", 0) == (1 if job_status == "done" else 0)
-    assert all(g.origin == "service" for g in backend.compiled_graphs())
+    assert all(g.origin == "service" for g in session.compiled_graphs())
     assert not causes(kiln_warnings)
 
 
@@ -530,7 +530,7 @@ def test_a_hung_service_costs_one_timeout_not_one_per_graph(kiln_warnings):
         start = time.monotonic()
         assert_close_losses(train_mlp(steps=2), want)
         elapsed = time.monotonic() - start
-        backend.shutdown()
+        session.shutdown()
     assert causes(kiln_warnings) == {"timeout": 1}
     assert len(srv.requests) == 1  # the forward's POST timed out; the backward did not ask
     assert kiln.stats()["fallback:timeout"] == 2

@@ -9,8 +9,8 @@ import pytest
 
 import compiler
 import kiln
-from kiln import backend
 from kiln import config as kiln_config
+from kiln import session
 from tests.kiln.helpers import (
     assert_close_losses,
     causes,
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("kiln_state")
 
 
 def _levels() -> dict[str, str]:
-    return {g.kind: g.level for g in backend.compiled_graphs()}
+    return {g.kind: g.level for g in session.compiled_graphs()}
 
 
 def test_the_first_steps_do_not_wait_for_the_build(monkeypatch, kiln_warnings):

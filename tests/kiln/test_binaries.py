@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from compiler.runtime import compile_pool
-from compiler.runtime.compile_pool import CompileJob
+from compiler.aot import CompileJob, ahead, binaries
 from kiln import degrade
 from kiln.binaries import ServiceBinaries, refusal
 from kiln.client import Binary, ServiceError
@@ -69,7 +68,7 @@ def test_checked_binaries_are_written_into_tritons_cache(tmp_path: Path, monkeyp
     jobs = [_job(), _job("e" * 64), _job("f" * 64), _job(None)]
     assert ServiceBinaries(client)(jobs) == {KEY}
     assert client.asked == [[KEY, "e" * 64, "f" * 64]]  # one request; a job with no key not asked
-    assert compile_pool.is_cached(KEY, "k_1234") and not compile_pool.is_cached("e" * 64, "k_1234")
+    assert binaries.is_cached(KEY, "k_1234") and not binaries.is_cached("e" * 64, "k_1234")
     stats = degrade.stats()
     assert (stats["binaries_fetched"], stats["binaries_refused"], stats["binaries_missed"]) == (1, 1, 1)
     assert causes(kiln_warnings) == {"binary_refused": 1}
@@ -85,11 +84,11 @@ def test_an_installed_binary_is_laid_out_as_tritons_own_put_writes_it(tmp_path: 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fast"))
     with monkeypatch.context() as patched:  # at once: not a file through the manager
         patched.setattr(FileCacheManager, "put", lambda *a, **k: pytest.fail("put"))
-        compile_pool.install_binary(KEY, _files())
+        binaries.install_binary(KEY, _files())
     fast = get_cache_manager(KEY)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "slow"))
-    monkeypatch.setattr(compile_pool, "_install_at_once", lambda directory, files, metadata: False)
-    compile_pool.install_binary(KEY, _files())
+    monkeypatch.setattr(binaries, "_install_at_once", lambda directory, files, metadata: False)
+    binaries.install_binary(KEY, _files())
     slow = get_cache_manager(KEY)
     for manager, root in ((fast, "fast"), (slow, "slow")):
         group = manager.get_group("k_1234.json")
@@ -106,14 +105,14 @@ def test_a_layout_tritons_manager_does_not_read_is_given_up_after_the_first_bina
     from triton.runtime import cache
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    monkeypatch.setattr(compile_pool, "_layout_confirmed", None)
+    monkeypatch.setattr(binaries, "_layout_confirmed", None)
     # A Triton whose manager names a key's directory otherwise than kiln expects.
     monkeypatch.setattr(cache, "get_cache_manager", lambda key: cache.FileCacheManager(key.upper()))
     with caplog.at_level("WARNING"):
-        compile_pool.install_binary(KEY, _files())
-        compile_pool.install_binary("e" * 64, _files("e" * 64))
-    assert compile_pool._layout_confirmed is False
-    assert compile_pool.is_cached(KEY, "k_1234") and compile_pool.is_cached("e" * 64, "k_1234")
+        binaries.install_binary(KEY, _files())
+        binaries.install_binary("e" * 64, _files("e" * 64))
+    assert binaries._layout_confirmed is False
+    assert binaries.is_cached(KEY, "k_1234") and binaries.is_cached("e" * 64, "k_1234")
     assert sorted(p.name for p in (tmp_path / "triton").iterdir()) == [KEY.upper(), "E" * 64]
     assert sum("through Triton's cache manager" in r.message for r in caplog.records) == 1
 
@@ -121,10 +120,10 @@ def test_a_layout_tritons_manager_does_not_read_is_given_up_after_the_first_bina
 def test_asking_whether_a_binary_is_cached_makes_no_directory(tmp_path: Path,
                                                               monkeypatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    assert not compile_pool.is_cached(KEY, "k_1234")
+    assert not binaries.is_cached(KEY, "k_1234")
     assert list(tmp_path.iterdir()) == []  # a cache manager would have made the key's
-    compile_pool.install_binary(KEY, _files())
-    assert compile_pool.is_cached(KEY, "k_1234")
+    binaries.install_binary(KEY, _files())
+    assert binaries.is_cached(KEY, "k_1234")
 
 
 def test_a_binary_beside_anothers_files_goes_through_the_cache_manager(tmp_path: Path,
@@ -134,27 +133,27 @@ def test_a_binary_beside_anothers_files_goes_through_the_cache_manager(tmp_path:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     other = Path(get_cache_manager(KEY).cache_dir) / "other.txt"
     other.write_text("another process's file")
-    compile_pool.install_binary(KEY, _files())
-    assert compile_pool.is_cached(KEY, "k_1234") and other.read_text() == "another process's file"
+    binaries.install_binary(KEY, _files())
+    assert binaries.is_cached(KEY, "k_1234") and other.read_text() == "another process's file"
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.parent.name]  # no staging left
 
 
 def test_compile_ahead_asks_its_source_only_for_what_tritons_cache_lacks(
         tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    compile_pool.install_binary(KEY, _files())
+    binaries.install_binary(KEY, _files())
     asked: list[list[str]] = []
 
     def source(jobs: list[CompileJob]) -> set[str]:
-        asked.append([compile_pool.job_key(j) for j in jobs])
+        asked.append([ahead.job_key(j) for j in jobs])
         return {"e" * 64}
 
-    monkeypatch.setattr(compile_pool, "shared", lambda: None)
-    with compile_pool.binary_source(source) as placed:
-        compile_pool.compile_ahead([_job(), _job("e" * 64), _job(None)])
+    monkeypatch.setattr(ahead, "shared", lambda: None)
+    with ahead.binary_source(source) as placed:
+        ahead.compile_ahead([_job(), _job("e" * 64), _job(None)])
     assert asked == [["e" * 64]] and placed == ["e" * 64]
-    compile_pool.forget_binaries([KEY], [])
-    assert not compile_pool.is_cached(KEY, "k_1234")
+    binaries.forget_binaries([KEY], [])
+    assert not binaries.is_cached(KEY, "k_1234")
 
 
 class _Built:
@@ -167,7 +166,7 @@ class _Built:
 
     def precompile(self, _device: Any) -> int:
         self.precompiles += 1
-        with_source = compile_pool._not_cached([_job()])
+        with_source = ahead._not_cached([_job()])
         if not with_source:
             raise RuntimeError("cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE")
         return 1
@@ -191,7 +190,7 @@ def test_a_binary_that_does_not_load_is_compiled_here_with_one_warning(
     assert resolver._build(entry, None) is built
     assert built.precompiles == 2  # once with the service's binary, once compiling
     assert causes(kiln_warnings) == {"binary_load": 1}
-    assert not compile_pool.is_cached(KEY, "k_1234")  # taken back
+    assert not binaries.is_cached(KEY, "k_1234")  # taken back
 
 
 @pytest.mark.parametrize("value", ["0", "off"])

@@ -10,7 +10,7 @@ import torch
 
 import kiln
 from examples.models import GPT, GPTConfig, gpt_batches, train
-from kiln import backend
+from kiln import session
 from tests.kiln.helpers import (
     ConvBN,
     assert_close_losses,
@@ -36,7 +36,7 @@ def test_gpt_trains_on_cuda_through_kiln_like_eager(dtype):
         losses[name] = train(fn, batches)  # the compiled module shares model's parameters
     assert_close_losses(losses["kiln"], losses["eager"],
                         rtol=1e-3 if dtype == torch.float32 else 3e-2)
-    graphs = backend.compiled_graphs()
+    graphs = session.compiled_graphs()
     assert {g.kind for g in graphs} == {"forward", "backward"}
     assert all(g.level == "heuristic" and g.target.device_type == "cuda" for g in graphs)
 
@@ -54,7 +54,7 @@ def test_background_compile_on_cuda_trains_like_eager():
         losses[name] = train(fn, batches[:3])
         if name == "kiln":
             assert kiln.wait_compiled(300)
-            assert {g.level for g in backend.compiled_graphs()} == {"heuristic"}
+            assert {g.level for g in session.compiled_graphs()} == {"heuristic"}
         losses[name] += train(fn, batches[3:])  # on kiln's kernels for the kiln model
     assert_close_losses(losses["kiln"], losses["eager"], rtol=1e-3)
 

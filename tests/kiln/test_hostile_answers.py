@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import kiln
-from kiln import backend, bounded_json
+from kiln import bounded_json, session
 from kiln.cache import ScheduleCache
 from kiln.client import JOB_STATUSES, MAX_ANSWER_BYTES, Answer, ServiceClient, ServiceError
 from tests.kiln.fake_http import FakeServer, TricklingServer, json_reply
@@ -55,7 +55,7 @@ def test_a_hostile_answer_on_every_route_costs_one_warning(body: bytes, lookups:
         start = time.monotonic()
         got = train_mlp(steps=2)
         took = time.monotonic() - start
-        backend.shutdown()  # the poller keeps asking; stop it before the server
+        session.shutdown()  # the poller keeps asking; stop it before the server
     assert_close_losses(got, want)
     assert took < 90  # the local builds on the interpreter; the answers add seconds at most
     assert causes(kiln_warnings) == {"malformed": 1}
@@ -174,14 +174,14 @@ def test_a_truncated_binary_is_refused(data: str):
 
 
 def test_a_binary_whose_bytes_do_not_match_its_sha256_is_refused_before_use():
-    from compiler.runtime import compile_pool
+    from compiler import aot
     from kiln.binaries import refusal
 
     doc = json.loads(json.dumps(GOOD_BINARIES))
     doc["binaries"][0]["files"][0]["sha256"] = hashlib.sha256(b"other").hexdigest()
     with FakeServer(lambda *_: json_reply(200, doc), lookups=True) as srv:
         binary = ServiceClient(srv.url, retries=0).binaries([KEY])[KEY]
-    job = compile_pool.CompileJob("k_0", source="", source_hash="c" * 64, fn_name="k_0", spec="{}")
+    job = aot.CompileJob("k_0", source="", source_hash="c" * 64, fn_name="k_0", spec="{}")
     assert "does not match its sha256" in refusal(job, KEY, binary)
 
 

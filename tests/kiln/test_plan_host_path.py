@@ -20,7 +20,7 @@ from bench.cases import GPTBlock
 from bench.models import loss_of
 from bench.plan_host_path import counted_calls, stand_in_cuda_graphs
 from compiler.runtime import cudagraphs
-from kiln import backend, plans
+from kiln import plans, session
 from tests.kiln.helpers import ConvBN, fresh_process, step_outputs
 
 pytestmark = pytest.mark.usefixtures("kiln_state")
@@ -38,7 +38,7 @@ def _warm_until_captured(compiled: nn.Module, model: nn.Module, x: torch.Tensor)
     settle, and how many steps that takes depends on where the allocator puts them."""
     for _ in range(4 * cudagraphs.MAX_WAIT):
         _train_steps(compiled, model, x, 1)
-        runners = [g.built._graphs for g in backend.compiled_graphs()]
+        runners = [g.built._graphs for g in session.compiled_graphs()]
         if len(runners) == 2 and all(r is not None and r.graph is not None for r in runners):
             return
     raise AssertionError(f"graphs not captured: {[vars(r) for r in runners if r]}")
@@ -60,7 +60,7 @@ def test_a_planned_step_replays_the_same_cuda_graphs_as_an_unplanned_one():
             assert kiln.stats().get("plans_used", 0) == int(planned)
             assert counts == {"graph_calls": 6, "runner_calls": 6, "replays": 6,
                               "launcher_runs": 0}, planned
-            graphs = {g.kind: g for g in backend.compiled_graphs()}
+            graphs = {g.kind: g for g in session.compiled_graphs()}
             assert set(graphs) == {"forward", "backward"}
             for graph in graphs.values():
                 runner = graph.built._graphs

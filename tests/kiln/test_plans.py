@@ -13,7 +13,7 @@ from torch import nn
 
 import compiler
 import kiln
-from kiln import backend, plans
+from kiln import backend, plans, session
 from kiln.cache import PlanCache
 from tests.kiln.helpers import ConvBN, assert_same_step, causes, fresh_process, step_outputs
 
@@ -69,9 +69,9 @@ def test_a_planned_training_step_skips_aotautograd_and_matches_eager(kiln_state)
     assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
     stats = kiln.stats()
     assert stats["plans_used"] == 1 and "seconds:aot" not in stats  # AOTAutograd never ran
-    kinds = sorted(g.kind for g in backend.compiled_graphs())
+    kinds = sorted(g.kind for g in session.compiled_graphs())
     assert kinds == ["backward", "forward"]
-    assert all(g.level == "heuristic" for g in backend.compiled_graphs())
+    assert all(g.level == "heuristic" for g in session.compiled_graphs())
     assert stats["schedules_cached"] == 2  # the planned graphs are the same graphs
 
 
@@ -232,7 +232,7 @@ def test_a_plan_follows_the_attention_kernels_torch_may_use(kiln_state):
     with sdpa_kernel([SDPBackend.MATH]):
         want = step_outputs(copy.deepcopy(model), x, compiled=False)
         assert_same_step(step_outputs(copy.deepcopy(model), x, compiled=True), want)
-        ops = {str(n.target) for g in backend.compiled_graphs() for n in g.gm.graph.nodes}
+        ops = {str(n.target) for g in session.compiled_graphs() for n in g.gm.graph.nodes}
     stats = kiln.stats()
     assert "plans_used" not in stats and stats["seconds:aot"] > 0  # traced again, for math
     assert not any("flash" in op for op in ops)

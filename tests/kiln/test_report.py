@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kiln
-from kiln import backend, degrade
+from kiln import degrade, session
 from tests.kiln.fake_http import FakeServer
 from tests.kiln.helpers import causes, free_port, train_mlp
 from tests.kiln.test_backend_local import TunedLater
@@ -27,7 +27,7 @@ def _lines(text: str) -> dict[str, str]:
 
 
 def _kernels() -> int:
-    return sum(len(g.built.kernels) for g in backend.compiled_graphs())
+    return sum(len(g.built.kernels) for g in session.compiled_graphs())
 
 
 def test_a_local_run_then_a_restart_from_the_cache():

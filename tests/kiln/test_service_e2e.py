@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import kiln
 from compiler.wire.plan import parse_plan
 from examples.models import SeedMLP
-from kiln import backend
+from kiln import session
 from tests.kiln.helpers import assert_close_losses, causes, train_gpt, train_mlp
 from tests.kiln.service_proc import ROOT, ServiceProcess
 
@@ -39,7 +39,7 @@ def test_mlp_and_gpt_train_through_the_service_and_a_second_process_fetches_ever
     assert_close_losses(train_gpt(), train_gpt(backend=None), rtol=1e-3)
     assert not causes(kiln_warnings), service.log()
 
-    graphs = backend.compiled_graphs()
+    graphs = session.compiled_graphs()
     assert {g.kind for g in graphs} == {"forward", "backward"}
     assert len(graphs) == 4  # MLP and GPT, forward and backward each
     stats = kiln.stats()
@@ -50,7 +50,7 @@ def test_mlp_and_gpt_train_through_the_service_and_a_second_process_fetches_ever
         assert g.origin == "service"
 
     # Both models' plans (kiln.plans) reached the service.
-    assert backend.wait_plans(timeout=60) and kiln.stats()["plans_sent"] == 2
+    assert session.wait_plans(timeout=60) and kiln.stats()["plans_sent"] == 2
 
     # A second process, empty KILN_CACHE_DIR: every schedule from the service, none local,
     # and the GPT's plan from it too: AOTAutograd never runs.

@@ -27,10 +27,10 @@ class BlippingQueue(InProcessQueue):
 
     down = False
 
-    def enqueue(self, stream: str, job_id: int) -> None:
+    def enqueue(self, stream: str, job_id: int, tenant: str) -> None:
         if self.down:
             raise QueueUnavailable("redis: connection refused")
-        super().enqueue(stream, job_id)
+        super().enqueue(stream, job_id, tenant)
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_recovery_enqueues_a_failed_enqueue_at_once(blip_ctx: ServiceContext) ->
     blip_ctx.queue.down = True
     with blip_ctx.transaction() as session:
         _entry, job, _new = store.submit(session, fake_submission())
-        store.enqueue_after_commit(session, "build", "cpu", job.id)
+        store.enqueue_after_commit(session, "build", "cpu", job.id, job.tenant)
     blip_ctx.queue.down = False
     # Not stale by the old rule (5 leases): the mark alone brings it back.
     assert blip_ctx.recover() == 1
@@ -74,7 +74,7 @@ def test_a_silent_worker_is_marked_dead_and_its_job_queued_again(pg_ctx: Service
     pg_ctx.queue.lost_state()
     with pg_ctx.transaction() as session:
         _entry, job, _new = store.submit(session, fake_submission())
-        store.enqueue_after_commit(session, "build", "cpu", job.id)
+        store.enqueue_after_commit(session, "build", "cpu", job.id, job.tenant)
     msg = pg_ctx.queue.claim([BUILD_STREAM], "killed", 0.1)
     pg_ctx.queue.ack(msg)  # only the database remembers who held it
     long_ago = utcnow() - timedelta(seconds=10 * pg_ctx.settings.lease_s)
@@ -131,7 +131,7 @@ def test_a_worker_whose_enqueue_fails_marks_the_job_for_recovery(blip_ctx: Servi
                                   status="running", heartbeat_at=utcnow()))
         sub = fake_submission(arch="sm_90", name="NVIDIA H200") if gpu else fake_submission()
         _entry, job, _new = store.submit(session, sub)
-        store.enqueue_after_commit(session, "build", sub.queue_class, job.id)
+        store.enqueue_after_commit(session, "build", sub.queue_class, job.id, job.tenant)
     worker = Worker(blip_ctx, build=_ok if gpu else _flaky([]), block_s=0.05)
     delivery = blip_ctx.queue.claim([BUILD_STREAM], worker.id, 0.1)
     blip_ctx.queue.down = True

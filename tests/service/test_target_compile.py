@@ -111,22 +111,23 @@ def test_a_kernel_that_does_not_fit_the_target_is_a_clear_error() -> None:
 
 
 def test_a_kernel_that_does_not_compile_is_a_clear_error() -> None:
-    from tuner import aot
+    from compiler.aot import launch_specs
+    from tuner.aot import AotError, compile_launch
 
     body = wire_body("mlp.fwd", gpu_target())
     graph = compiler.from_wire(body["graph"])
-    spec = aot.launch_specs(compiler.build(graph, compiler.heuristic_schedule(graph, SM_90)))[0]
+    spec = launch_specs(compiler.build(graph, compiler.heuristic_schedule(graph, SM_90)))[0]
     # A launch whose block sizes went missing: Triton cannot trace the kernel.
-    with pytest.raises(aot.AotError, match=r"build_error: kernel fused_addmm_relu_0 does not "
+    with pytest.raises(AotError, match=r"build_error: kernel fused_addmm_relu_0 does not "
                        r"compile for sm_90 \(config .*\): CompilationError at \d+:\d+: \S"):
-        aot.compile_launch(dataclasses.replace(spec, constexprs={}), SM_90)
+        compile_launch(dataclasses.replace(spec, constexprs={}), SM_90)
 
 
 def _submit(ctx: ServiceContext, body: dict[str, Any]) -> tuple[str, int]:
     sub, _graph = parse_submission(json.dumps(body).encode())
     with ctx.transaction() as session:
         _entry, job, _ = store.submit(session, sub)
-    ctx.queue.enqueue(BUILD_STREAM, job.id)
+    ctx.queue.enqueue(BUILD_STREAM, job.id, job.tenant)
     return sub.key, job.id
 
 

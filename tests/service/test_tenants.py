@@ -18,7 +18,8 @@ from sqlalchemy import create_engine, text
 import compiler
 import kiln
 from compiler.wire.plan import parse_plan, plan_text
-from kiln import backend, plans
+from kiln import plans
+from kiln import session as kiln_session
 from service.auth import create_token
 from service.context import ServiceContext
 from service.migrate import alembic_config, upgrade
@@ -142,7 +143,7 @@ def _job(url: str, token: str, cache_dir: Path, fn: Any, x: torch.Tensor) -> tup
     kiln.configure(url=url, token=token, cache_dir=cache_dir, mode="async")
     with torch.no_grad():
         out = torch.compile(copy.deepcopy(fn), backend="kiln", dynamic=False)(x)
-    assert backend.wait_plans(timeout=60)
+    assert kiln_session.wait_plans(timeout=60)
     return out, kiln.stats()
 
 

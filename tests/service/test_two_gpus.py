@@ -60,7 +60,7 @@ def _submit_gpu_graphs(ctx: ServiceContext, count: int) -> dict[str, int]:
         sub = dataclasses.replace(sub, wire=json.dumps({"format": "kiln.graph/1", "n": i}))
         with ctx.transaction() as session:
             _entry, job, _new = store.submit(session, sub)
-            store.enqueue_after_commit(session, "build", "cpu", job.id)
+            store.enqueue_after_commit(session, "build", "cpu", job.id, job.tenant)
         jobs[sub.wire] = job.id
     return jobs
 

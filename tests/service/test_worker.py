@@ -30,7 +30,7 @@ def _submit(ctx: ServiceContext, **kw: str) -> tuple[str, int]:
     sub = fake_submission(**kw)
     with ctx.transaction() as session:
         _entry, job, _ = store.submit(session, sub)
-    ctx.queue.enqueue(BUILD_STREAM, job.id)
+    ctx.queue.enqueue(BUILD_STREAM, job.id, job.tenant)
     return sub.key, job.id
 
 

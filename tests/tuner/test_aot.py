@@ -30,7 +30,8 @@ def _aot_checks() -> tuple[bool, str | None, str | None]:
 
     os.environ["TRITON_INTERPRET"] = "0"  # before Triton loads (see tuner.builder._init_worker)
     import compiler
-    from tuner.aot import compile_kernel, launch_specs
+    from compiler.aot import launch_specs
+    from tuner.aot import compile_kernel
     from tuner.space import TargetLimits
 
     graph = _softmax_graph()
@@ -79,8 +80,9 @@ def test_interpreted_kernels_are_reimported_from_the_built_source_not_the_kernel
     """Under TRITON_INTERPRET=1 the launch's function is interpreted: `launch_specs` gives a
     JIT function made from `built.kernels[i].source`, never from the (writable) kernel dir."""
     import compiler
+    from compiler.aot import AotUnavailable, launch_specs
+    from compiler.aot.target import _compilable
     from compiler.runtime import built as runtime
-    from tuner.aot import AotUnavailable, _compilable, launch_specs
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KILN_KERNEL_DIR", str(tmp_path / "k"))

@@ -4,7 +4,7 @@ keys and validation, heuristic, tuning space and pruning, launch grid and genera
 | kind | group kind | variants | module |
 |---|---|---|---|
 | pointwise | pointwise | pointwise | `pointwise.py` |
-| reduction | reduction | looped, persistent, online | `reduction.py` |
+| reduction | reduction | see `reduction.py`'s docstring | `reduction.py` |
 | aten (an ATen call, the epilogue a kernel) | matmul | aten | `aten.py` |
 | matmul (the Triton template) | matmul | triton | `matmul.py` |
 
@@ -12,12 +12,20 @@ Variant names are unique across kinds, so a variant names its kind. The order of
 is the order the heuristic asks the kinds serving a group (an ATen call claims only the
 matmuls it beats the template on) and the order ties break in (`variant_order`). Lookups
 read the kinds' variants each time, so a variant is one entry in its kind's module.
+
+Fusion asks the registry, never a kind by name: the kernel a node starts (`start`),
+whether it may join one at all (`joins`), whether it joins siblings (`joins_siblings`),
+and the kernel a join makes (`fuse`), which every kind serving it must accept.
 """
 
 from __future__ import annotations
 
+from torch import fx
+
+from compiler.codegen.access import Reads
 from compiler.codegen.kinds import aten, matmul, pointwise, reduction
 from compiler.codegen.kinds.base import Config, KernelKind, Point
+from compiler.codegen.rules import NodeKind
 from compiler.ir import KINDS as GROUP_KINDS
 from compiler.ir import KernelGroup
 
@@ -30,6 +38,11 @@ def _check_registry() -> None:
         raise RuntimeError(f"kernel kinds' variant names must be unique: {names}")
     if {k.group_kind for k in KINDS} != set(GROUP_KINDS):
         raise RuntimeError("every group kind (compiler.ir.KINDS) needs a kernel kind")
+    if sum(k.anchor_op is None for k in KINDS) != 1:
+        raise RuntimeError("exactly one kernel kind takes the values no anchor starts")
+    for op in {k.anchor_op for k in KINDS}:
+        if len({k.group_kind for k in KINDS if k.anchor_op == op}) != 1:
+            raise RuntimeError(f"the nodes of {op!r} must start kernels of one group kind")
 
 
 _check_registry()
@@ -74,10 +87,44 @@ def heuristic(group: KernelGroup, gpu: bool, arch: str = "") -> Point:
     raise ValueError(f"kernel {group.name}: no kind claims a {group.kind!r} group")
 
 
-def trial_variant(group_kind: str) -> str:
-    """The variant fusion generates to test whether a group may take another node."""
-    return next(k.trial_variant for k in kinds_for(group_kind) if k.trial_variant is not None)
+def _starting(node_kind: NodeKind) -> KernelKind:
+    """The kind whose kernel a node of `node_kind` starts (the first in registry order)."""
+    name = node_kind.name if node_kind.anchor else None
+    return next(k for k in KINDS if k.anchor_op == name)
 
 
-__all__ = ["KINDS", "Config", "KernelKind", "Point", "heuristic", "kind_of", "kind_of_variant",
-           "kinds_for", "trial_variant", "variant_order", "variants_of"]
+def start(node: fx.Node, node_kind: NodeKind, name: str, position: int) -> KernelGroup:
+    """The kernel `node` (realized, of `node_kind`) starts at step `position`."""
+    return _starting(node_kind).start(node, name, position)
+
+
+def joins(node_kind: NodeKind) -> bool:
+    """Whether a node of `node_kind` may join an earlier kernel (else it starts its own)."""
+    return _starting(node_kind).anchor_joins
+
+
+def joins_siblings(node_kind: NodeKind, group: KernelGroup) -> bool:
+    """Whether a node of `node_kind` is related to `group` when both read the same
+    producers' values (reductions of one tensor share a pass over it)."""
+    kind = _starting(node_kind)
+    return node_kind.anchor and kind.siblings and group.kind == kind.group_kind
+
+
+def fuse(group: KernelGroup, node: fx.Node, reads: Reads) -> KernelGroup | None:
+    """`group` with `node` added (a new group: `group` is left as it was), or None when
+    it cannot take it: the shapes, from the kind that `node` anchors or else the kind
+    serving `group`, then every kind that would serve the grown group."""
+    deciding = _starting(reads.kind) if reads.kind.anchor else kinds_for(group.kind)[0]
+    joined = deciding.joined(group, node, reads)
+    if joined is None:
+        return None
+    kind, domain = joined
+    grown = KernelGroup(group.name, kind, domain, group.members + [node], group.position,
+                        anchors=group.anchors + ([node] if reads.kind.anchor else []),
+                        dtype=group.dtype)
+    grown.stored = list(grown.members)
+    return grown if all(k.can_fuse(grown, node, reads) for k in kinds_for(kind)) else None
+
+
+__all__ = ["KINDS", "Config", "KernelKind", "Point", "fuse", "heuristic", "joins", "joins_siblings",
+           "kind_of", "kind_of_variant", "kinds_for", "start", "variant_order", "variants_of"]

@@ -14,12 +14,13 @@ from typing import Any
 from torch import fx
 
 from compiler.codegen import pointwise
+from compiler.codegen.access import Reads
 from compiler.codegen.kinds import matmul as matmul_kind
 from compiler.codegen.kinds import pointwise as pointwise_kind
 from compiler.codegen.kinds.base import Config, KernelKind, Point, cdiv, writer
 from compiler.codegen.kinds.matmul_choice import library_wins
 from compiler.codegen.writer import Generated
-from compiler.ir import KernelGroup
+from compiler.ir import Domain, KernelGroup
 
 
 class AtenKind(KernelKind):
@@ -30,6 +31,8 @@ class AtenKind(KernelKind):
     configurable = False
     keeps_config_of = "triton"
     library = True
+    anchor_op = "matmul"
+    anchor_joins = False
 
     def validate(self, variant: str, config: dict[str, Any], sizes: dict[str, int], name: str) -> None:
         """Any config: it does not apply to the call (it is the template's, kept)."""
@@ -42,7 +45,7 @@ class AtenKind(KernelKind):
         if not gpu or not library_wins(arch, sizes["batch"], sizes["M"], sizes["N"], sizes["K"],
                                        epilogue):
             return None
-        return "aten", matmul_kind.config_for(group, gpu)
+        return "aten", matmul_kind.config_for(group, gpu, arch)
 
     def space(self, kernel: dict[str, Any]) -> list[Point]:
         return [("aten", {})]
@@ -73,6 +76,16 @@ class AtenKind(KernelKind):
         w = writer(set(group.members) - {mm}, buffer, int64)
         epilogue = [n for n in group.stored if n is not mm]
         return pointwise.generate(group, w, comment, members=epilogue)
+
+    def start(self, node: fx.Node, name: str, position: int) -> KernelGroup:
+        return matmul_kind.KIND.start(node, name, position)
+
+    def joined(self, group: KernelGroup, node: fx.Node, reads: Reads) -> tuple[str, Domain] | None:
+        return matmul_kind.KIND.joined(group, node, reads)
+
+    def can_fuse(self, group: KernelGroup, node: fx.Node, reads: Reads) -> bool:
+        """Any epilogue: it reads the call's result from memory, at any index."""
+        return True
 
 
 KIND = AtenKind()

@@ -3,9 +3,12 @@
 A kind is one way to compute a kernel group of the IR (`KernelGroup.kind`: pointwise,
 reduction or matmul): a Triton template or an ATen call. It owns its variants (the names
 a schedule's `variant` takes), its config keys and their validation, its heuristic
-config, its tuning space and pruning, its launch grid and its generator. The registry
-(`compiler.codegen.kinds`) maps group kinds and variant names to kinds; schedules, the
-heuristic, the runtime, the tuner and the GPU checks loop over it.
+config, its tuning space and pruning, its launch grid and its generator, and its fusion
+rules: the kernel a node starts (`start`), the shape of a kernel that takes another node
+(`joined`) and whether it can compute it there (`can_fuse`), all over metadata, no code
+generated. The registry (`compiler.codegen.kinds`) maps group kinds and variant names to
+kinds; schedules, the heuristic, fusion, the runtime, the tuner and the GPU checks loop
+over it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any, Protocol
 from torch import fx
 
 from compiler.codegen import rules
-from compiler.codegen.common import NotFusible
+from compiler.codegen.access import Reads
 from compiler.codegen.writer import Generated, Writer
-from compiler.ir import KernelGroup
+from compiler.ir import Domain, KernelGroup
 
 MAX_BLOCK_NUMEL = 1 << 20  # Triton's limit on the elements of one block
 WARPS = (1, 2, 4, 8, 16, 32)
@@ -30,7 +33,7 @@ Point = tuple[str, Config]  # (variant, config): one point of a tuning space
 
 
 class BlockLimits(Protocol):
-    """The target's per-block limits that pruning reads (`tuner.space.TargetLimits`)."""
+    """The target's per-block limits that pruning reads (`compiler.codegen.limits.TargetLimits`)."""
 
     shared_memory: int
     max_threads: int
@@ -70,7 +73,11 @@ class KernelKind:
     variants: tuple[str, ...] = ()  # schedule variant names, unique across kinds
     tie_order: tuple[str, ...] = ()  # variants in tie-break order (default: `variants`)
     config_keys: tuple[str, ...] = ()
-    trial_variant: str | None = None  # the variant fusion generates to test a join
+    # The node kind (`rules.NodeKind.name`) whose nodes start a kernel of this kind as its
+    # anchor; None: the kind that values (pointwise, index) start.
+    anchor_op: str | None = None
+    anchor_joins: bool = True  # False: a node of `anchor_op` always starts its own kernel
+    siblings: bool = False  # an anchor joins a kernel of this kind that reads what it reads
     configurable: bool = True  # False: the schedule's config does not apply to it
     keeps_config_of: str | None = None  # variant whose config a schedule keeps for this one
     library: bool = False  # the kernel's main work is an ATen (library) call
@@ -116,20 +123,24 @@ class KernelKind:
         """The Triton module of `group` in `variant`."""
         raise NotImplementedError
 
-    def fits(self, group: KernelGroup, node: fx.Node, is_buffer: Callable[[fx.Node], bool]) -> bool:
-        """Whether `group`'s new last member `node` can be computed where this kind's kernel
-        computes it: every anchor it reads (a reduction's result, a matmul's accumulator)
-        read at the anchor's own index, and (a new reduction) every member a row or the
-        whole of its domain. Fusion asks this when a reduction joins or a join reads an
-        anchor; the members before `node` passed when they joined. By default: generate
-        the whole kernel in the kind's trial variant."""
-        if self.trial_variant is None:
-            return False
-        try:
-            self.generate(group, self.trial_variant, is_buffer, [], int64=False)
-        except NotFusible:
-            return False
-        return True
+    def start(self, node: fx.Node, name: str, position: int) -> KernelGroup:
+        """The kernel `node` starts (one of `anchor_op`'s, or a value for the value kind)."""
+        raise NotImplementedError
+
+    def joined(self, group: KernelGroup, node: fx.Node, reads: Reads) -> tuple[str, Domain] | None:
+        """The group kind and domain `group` would have with `node` added (this kind
+        serves `group`, or anchors `node`), or None when the shapes do not fit; fusion asks
+        only nodes that read something `group` computes. By default: none fits."""
+        return None
+
+    def can_fuse(self, group: KernelGroup, node: fx.Node, reads: Reads) -> bool:
+        """Whether this kind can compute `group` (of its group kind) with its new last
+        member `node`, from metadata alone (`reads`: no code is generated): every anchor
+        `node` reads (a reduction's result, a matmul's accumulator) read at the anchor's
+        own index, and every member where the kernel computes it. The members before
+        `node` passed when they joined, and cannot read it. By default: only a kernel
+        without anchors (nothing is valid at one index alone)."""
+        return not group.anchors
 
 
 def validate_keys(keys: tuple[str, ...], config: dict[str, Any], name: str) -> None:

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
 from torch import fx
 
 from compiler.codegen import pointwise
+from compiler.codegen.access import Reads
 from compiler.codegen.kinds.base import (
     WARPS,
     BlockLimits,
@@ -22,7 +24,7 @@ from compiler.codegen.kinds.base import (
     writer,
 )
 from compiler.codegen.writer import Generated
-from compiler.ir import KernelGroup
+from compiler.ir import Domain, KernelGroup, meta, storage_order
 
 XBLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)  # the tuning space's XBLOCK domain
 
@@ -40,7 +42,6 @@ class PointwiseKind(KernelKind):
     variants = ("pointwise",)
     tie_order = variants
     config_keys = ("XBLOCK", "num_warps", "num_stages")
-    trial_variant = "pointwise"
 
     def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point:
         return "pointwise", config_for(group.domain.xnumel, gpu)
@@ -63,6 +64,18 @@ class PointwiseKind(KernelKind):
     def generate(self, group: KernelGroup, variant: str, is_buffer: Callable[[fx.Node], bool],
                  comment: list[str], int64: bool) -> Generated:
         return pointwise.generate(group, writer(set(group.members), is_buffer, int64), comment)
+
+    def start(self, node: fx.Node, name: str, position: int) -> KernelGroup:
+        """A value's kernel: over its shape, walking its memory's order."""
+        m = meta(node)
+        return KernelGroup(name, self.group_kind, Domain(m.shape, order=storage_order(m)), [node],
+                           position, dtype=m.dtype)
+
+    def joined(self, group: KernelGroup, node: fx.Node, reads: Reads) -> tuple[str, Domain] | None:
+        """Any value of as many elements (it is read at the same flat index)."""
+        if math.prod(meta(node).shape) != math.prod(group.domain.shape):
+            return None
+        return self.group_kind, group.domain
 
 
 KIND = PointwiseKind()

@@ -1,8 +1,9 @@
 """The reduction kind: XBLOCK rows per program, each reduced over RBLOCK-wide chunks.
 
 Its variants, each one function over a `RowFrame` (`compiler.codegen.reduction`) and one
-`Variant` entry in `VARIANTS` below; the source depends on the variant, never on the
-block sizes:
+`Variant` entry in `VARIANTS` below (this is the one list of them: docs/contracts.md,
+compiler/README.md and the kinds' registry point here); the source depends on the variant,
+never on the block sizes:
 - `looped`: one loop over the reduced elements per dependency level of the reductions
   (layer norm: mean, then variance), plus one more for full-size outputs;
 - `persistent`: RBLOCK covers the whole reduced extent, a row lives in registers and
@@ -20,7 +21,8 @@ from typing import Any
 
 from torch import fx
 
-from compiler.codegen.common import NotFusible
+from compiler.codegen.access import Reads
+from compiler.codegen.common import Index
 from compiler.codegen.kinds.base import (
     MAX_BLOCK_NUMEL,
     WARPS,
@@ -34,9 +36,18 @@ from compiler.codegen.kinds.base import (
     validate_keys,
     writer,
 )
-from compiler.codegen.reduction import Reducer, ReductionInfo, RowFrame
+from compiler.codegen.reduction import (
+    Reducer,
+    ReductionInfo,
+    RowFrame,
+    frame_indices,
+    member_row_index,
+    reduced_index,
+    reduction_info,
+    row_shapes,
+)
 from compiler.codegen.writer import Generated, Writer
-from compiler.ir import KernelGroup, base_name
+from compiler.ir import Domain, KernelGroup, base_name, meta
 
 PERSISTENT_MAX = 4096  # widest reduced extent (elements) kept in registers by default
 # The tuning space's domains; clipped per kernel.
@@ -190,7 +201,8 @@ class ReductionKind(KernelKind):
     name = "reduction"
     group_kind = "reduction"
     config_keys = ("XBLOCK", "RBLOCK", "num_warps", "num_stages")
-    trial_variant = "looped"  # generates for every group the others do
+    anchor_op = "reduction"
+    siblings = True  # reductions of the same producers' values share one pass over them
 
     @property
     def variants(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -253,13 +265,47 @@ class ReductionKind(KernelKind):
         VARIANTS[variant].body(frame)
         return frame.finish(comment)
 
-    def fits(self, group: KernelGroup, node: fx.Node, is_buffer: Callable[[fx.Node], bool]) -> bool:
-        """What the new member adds, alone, in the row frame: see `KernelKind.fits`."""
-        try:
-            RowFrame(group, writer(set(group.members), is_buffer, False), is_buffer).check_member(node)
-        except NotFusible:
-            return False
-        return True
+    # ---- fusion: rows of one domain, every reduction's value read at its row ----
+
+    def start(self, node: fx.Node, name: str, position: int) -> KernelGroup:
+        info = reduction_info(node)
+        return KernelGroup(name, self.group_kind, info.domain, [node], position, anchors=[node],
+                           dtype=meta(info.source).dtype)
+
+    def joined(self, group: KernelGroup, node: fx.Node, reads: Reads) -> tuple[str, Domain] | None:
+        """A reduction joins one of its domain, or makes a value kernel over its input's
+        shape a reduction when it reduces the inner dims (a column reduction has few
+        programs: full-size work in it would lack parallelism); a value joins as a row
+        of the domain, or as large as an inner domain."""
+        dom = group.domain
+        if reads.kind.anchor:
+            info = reduction_info(node)
+            if group.kind == self.group_kind:
+                return (self.group_kind, dom) if dom == info.domain else None
+            if not group.anchors and dom.shape == info.domain.shape and info.domain.inner:
+                return self.group_kind, info.domain
+            return None
+        rows = row_shapes(dom) if not dom.inner else (dom.shape, *row_shapes(dom))
+        return (self.group_kind, dom) if meta(node).shape in rows else None
+
+    def can_fuse(self, group: KernelGroup, node: fx.Node, reads: Reads) -> bool:
+        """`node` read where the looped variant computes it (every variant computes each
+        member where it does), the other reductions' values at their rows; a new
+        reduction needs every other member a row or the whole of the domain."""
+        dom = group.domain
+        xdims, full, rows = frame_indices(dom)
+        anchors = set(group.anchors)
+
+        def natural(anchor: fx.Node) -> Index:
+            return reduced_index(reduction_info(anchor), rows)
+
+        if reads.kind.anchor:
+            shapes = (dom.shape, *row_shapes(dom))
+            if any(meta(n).shape not in shapes for n in group.members if n not in anchors):
+                return False
+            return reads.at_own_index(group, reduction_info(node).source, full, anchors - {node}, natural)
+        idx = full if meta(node).shape == dom.shape else member_row_index(node, {}, xdims, dom)
+        return reads.at_own_index(group, node, idx, anchors, natural)
 
 
 KIND = ReductionKind()

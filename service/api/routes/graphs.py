@@ -53,20 +53,21 @@ def _known(ctx: ServiceContext, sub: Submission, owner: str | None) -> tuple[int
         return _hit(session, sub, owner)
 
 
-def _record(ctx: ServiceContext, sub: Submission, owner: str | None) -> tuple[int, dict]:
+def _record(ctx: ServiceContext, sub: Submission, owner: str | None,
+            tenant: str) -> tuple[int, dict]:
     with ctx.transaction() as session:
         hit = _hit(session, sub, owner)  # it may have become ready while we validated
         if hit is not None:
             return hit
         reason = store.miss_reason(session, sub.key, sub.graph_hash, sub.target)
-        entry, job, enqueue = store.submit(session, sub)
+        entry, job, enqueue = store.submit(session, sub, tenant=tenant)
         if owner is not None:
             store.add_job_owner(session, job.id, owner)
         store.count_lookup(session, reason)
         LOOKUPS.labels(reason).inc()
         if enqueue:  # on commit: a worker must find the row
             store.enqueue_after_commit(session, job.stage, entry.queue_class, job.id,
-                                       marked=job.needs_enqueue)
+                                       job.tenant, marked=job.needs_enqueue)
     SUBMISSIONS.labels("new" if enqueue else "joined").inc()
     if enqueue and job.id in store.unqueued(session):
         # The job is recorded and marked for recovery; the client is told to retry (503).
@@ -103,5 +104,6 @@ async def submit_graph(request: Request, ctx: Ctx, who: Client) -> JSONResponse:
             # of every job submits every graph at its start).
             known = await run_in_threadpool(_known, ctx, sub, who.owner)
             await child.finish(validate=known is None)
-    status, answer = known or await run_in_threadpool(_record, ctx, sub, who.owner)
+    status, answer = known or await run_in_threadpool(_record, ctx, sub, who.owner,
+                                                            who.tenant)
     return JSONResponse(answer, status_code=status)
