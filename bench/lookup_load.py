@@ -178,19 +178,16 @@ class Builders:
         self.collect()
 
 
-async def _connection(host: str, port: int, keys: list[str], period: float, until: float,
-                      first: float, auth: str, out: dict[str, Any]) -> None:
-    """One keep-alive connection sending a lookup every `period` s (open loop)."""
+async def _connection(host: str, port: int, keys: list[str], dues: list[float], auth: str,
+                      out: dict[str, Any]) -> None:
+    """One keep-alive connection sending a lookup at each of `dues` (open loop)."""
     reader = writer = None
-    due = first  # a schedule fixed in advance: every run sends rate x seconds requests
-    i = 0
-    while due < until:
+    for i, due in enumerate(dues):
         delay = due - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
             out["wake_lags"].append(time.monotonic() - due)  # the generator's own lateness
         key = keys[i % len(keys)]
-        i += 1
         try:
             if writer is None:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
@@ -207,7 +204,6 @@ async def _connection(host: str, port: int, keys: list[str], period: float, unti
         else:
             out["latencies"].append(time.monotonic() - due)
             out["statuses"][status] = out["statuses"].get(status, 0) + 1
-        due += period
 
 
 async def _answer(reader: asyncio.StreamReader) -> int:
@@ -224,12 +220,14 @@ async def _drive(url: str, keys: list[str], args: argparse.Namespace) -> dict[st
     host, port = url.removeprefix("http://").split(":")
     out: dict[str, Any] = {"latencies": [], "wake_lags": [], "statuses": {}, "dropped": 0,
                            "drop_kinds": {}}
-    period = args.connections / args.rate
     auth = f"Authorization: Bearer {args.bearer}\r\n" if args.bearer else ""
     start = time.monotonic()
-    until = start + args.seconds
-    await asyncio.gather(*(_connection(host, int(port), keys, period, until,
-                                       start + period * c / args.connections, auth, out)
+    # A schedule fixed in advance: request j is due at start + j / rate, on connection
+    # j mod connections, so every run sends rate x seconds requests.
+    total = round(args.rate * args.seconds)
+    await asyncio.gather(*(_connection(host, int(port), keys,
+                                       [start + j / args.rate
+                                        for j in range(c, total, args.connections)], auth, out)
                            for c in range(args.connections)))
     out["wall_s"] = time.monotonic() - start
     return out
