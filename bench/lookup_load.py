@@ -64,7 +64,9 @@ def _graph(rows: int, cols: int, chain: int) -> dict[str, Any]:
     return compiler.to_wire(make_fx(fn)(x), [x])
 
 
-def _start(args: argparse.Namespace, workdir: Path) -> tuple[list[subprocess.Popen], str]:
+def _start(args: argparse.Namespace, workdir: Path, procs: list[subprocess.Popen]) -> str:
+    """Start the service, its processes added to `procs` as they start (so that the caller
+    ends them even when the start fails or is interrupted); its URL once it answers."""
     from tests.service.helpers import free_port, service_env, wait_for
 
     port = free_port()
@@ -82,8 +84,9 @@ def _start(args: argparse.Namespace, workdir: Path) -> tuple[list[subprocess.Pop
              "--name", "lookup-load"], check=True, env=service_env(**env), cwd=REPO,
             capture_output=True, text=True).stdout.strip()
     logs = open(workdir / "service.log", "wb")  # noqa: SIM115 - the processes' lifetime
-    procs = [subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", "--port", str(port)],
-                              env=service_env(**env), cwd=REPO, stdout=logs, stderr=logs)]
+    procs.append(subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", "--port",
+                                   str(port)], env=service_env(**env), cwd=REPO, stdout=logs,
+                                  stderr=logs))
     for _ in range(args.workers if args.distributed else 0):
         procs.append(subprocess.Popen([sys.executable, "-m", "kiln.cli", "worker", "--device",
                                        "cpu"], env=service_env(**env), cwd=REPO, stdout=logs,
@@ -98,7 +101,7 @@ def _start(args: argparse.Namespace, workdir: Path) -> tuple[list[subprocess.Pop
             return False
 
     wait_for(up, 120, "the service did not start (see service.log)")
-    return procs, url
+    return url
 
 
 def _submit(url: str, graph: dict[str, Any], target: dict[str, str]) -> str:
@@ -323,16 +326,19 @@ def main(argv: list[str] | None = None) -> int:
 
     target = compiler.Target.detect("cpu").to_json()
     with tempfile.TemporaryDirectory(prefix="kiln-load-") as tmp:
-        procs, url = _start(args, Path(tmp))
-        builders = Builders(url, args.chain, target, args.builders)
+        procs: list[subprocess.Popen] = []
+        builders = None
         try:
+            url = _start(args, Path(tmp), procs)
+            builders = Builders(url, args.chain, target, args.builders)
             keys = _fill(url, args, target)
             builders.start()
             if args.builders:
                 time.sleep(10)  # the builders have started (torch imported) and submitted
             runs = _measure(url, keys, builders, procs[0].pid, args)
         finally:
-            builders.close()
+            if builders is not None:
+                builders.close()
             for proc in procs:
                 proc.terminate()
             for proc in procs:
