@@ -2,21 +2,29 @@
 
 On PostgreSQL it runs one prepared statement (service.store.lookup) on a small pool of async
 autocommit connections (no BEGIN/COMMIT, no thread hop); on SQLite (the embedded default) it
-runs the same query through SQLAlchemy Core in a thread.
+runs the same query through SQLAlchemy Core in a thread, on read-only connections of its own
+that wait at most `SQLITE_BUSY_S` for a lock (a writer holding the file exclusively): past
+it the lookup answers 503 with Retry-After instead of holding the request for the 30 s the
+service's writers wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 
 from service.context import ServiceContext
 from service.store.lookup import Lookup, lookup_pg, lookup_sync
 
 log = logging.getLogger(__name__)
+SQLITE_BUSY_S = 1.0  # a lookup's longest wait for a locked SQLite file
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -37,11 +45,18 @@ class ScheduleReader:
         self._pool: asyncio.Queue | None = None
         self._size = pool_size
         self._made = 0
+        self._sqlite = None if self._pg else _sqlite_reader(ctx.engine)
 
     async def lookup(self, key: str) -> Lookup | None:
-        """What the database holds for `key`; raises DatabaseUnavailable when it is down."""
-        if not self._pg:
-            return await run_in_threadpool(lookup_sync, self.ctx.engine, key)
+        """What the database holds for `key`; raises DatabaseUnavailable when it is down or
+        (SQLite) locked past SQLITE_BUSY_S."""
+        if self._sqlite is not None:
+            try:
+                return await run_in_threadpool(lookup_sync, self._sqlite, key)
+            except DBAPIError as exc:  # "database is locked", an unreadable file
+                raise DatabaseUnavailable(str(exc.orig)) from exc
+            except PoolTimeout as exc:
+                raise DatabaseUnavailable("no database connection free within 5 s") from exc
         import psycopg
 
         for attempt in (1, 2):
@@ -99,3 +114,23 @@ class ScheduleReader:
     async def close(self) -> None:
         """Close pooled connections."""
         await self._drain()
+        if self._sqlite is not None and self._sqlite is not self.ctx.engine:
+            self._sqlite.dispose()
+
+
+def _sqlite_reader(engine: Engine) -> Engine:
+    """An engine on the same SQLite file whose connections only read and give up on a lock
+    after SQLITE_BUSY_S; an in-memory database has no file to share: its own engine."""
+    if engine.url.database in (None, "", ":memory:"):
+        return engine
+    reader = create_engine(engine.url, pool_timeout=5,
+                           connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_S})
+
+    @event.listens_for(reader, "connect")
+    def _read_only(dbapi_conn: Any, _record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_S * 1000)}")
+        cursor.execute("PRAGMA query_only=ON")
+        cursor.close()
+
+    return reader

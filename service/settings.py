@@ -50,6 +50,8 @@ class Settings(BaseModel):
     body_timeout_s: float = Field(default=60.0, gt=0)  # a request body in all, then 408
     body_idle_s: float = Field(default=10.0, gt=0)  # between two pieces of a body, then 408
     db_pool_size: int = Field(default=10, ge=1)
+    lookup_cache_s: float = Field(default=1.0, ge=0)  # a settled lookup answer, reused; 0: off
+    token_cache_s: float = Field(default=10.0, ge=0)  # a token's checked grant; revocation lag
 
     @field_validator("database_url")
     @classmethod

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -15,7 +16,9 @@ from starlette.concurrency import run_in_threadpool
 
 from service import forkserver
 from service.api.deps import TokenRoles
+from service.api.fastpath import LookupFastPath
 from service.api.limits import BodyDeadlineMiddleware
+from service.api.lookup_answers import LookupAnswers
 from service.api.loopback import BrowserGuardMiddleware
 from service.api.openapi import install_docs
 from service.api.private_docs import PrivateDocsMiddleware
@@ -30,6 +33,7 @@ from service.ratelimit import make_limiters
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+WORKER_SWITCH_INTERVAL_S = 0.001  # with workers in the API process (see _start_workers)
 
 
 def _upkeep(app: FastAPI, stop: threading.Event) -> None:
@@ -92,12 +96,15 @@ def create_app(settings: Settings | None = None, ctx: ServiceContext | None = No
     # In Redis when configured, so every API process shares them; the throttle covers bearer
     # tokens and dashboard logins.
     app.state.limiter, app.state.auth_failures = make_limiters(ctx.settings)
-    app.state.token_roles = TokenRoles()
+    app.state.token_roles = TokenRoles(ctx.settings.token_cache_s)
     app.state.reader = ScheduleReader(ctx)
+    app.state.lookups = LookupAnswers(app.state.reader, app.state.hits, ctx.settings.lookup_cache_s)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(BodyDeadlineMiddleware, total_s=ctx.settings.body_timeout_s, idle_s=ctx.settings.body_idle_s)
     app.add_middleware(PrivateDocsMiddleware, loopback=ctx.settings.loopback)
+    # Schedule lookups are answered here, after the browser checks and before the rest.
+    app.add_middleware(LookupFastPath)
     # Added last, so it runs first: refused requests never reach a route or read a body.
     app.add_middleware(BrowserGuardMiddleware, loopback=ctx.settings.loopback)
     for module in (graphs, schedules, binaries, plans, jobs, admin, health):
@@ -112,6 +119,10 @@ def _start_workers(ctx: ServiceContext, cpu: bool, gpu_devices: Sequence[str]) -
     from service.worker import Worker
 
     devices = (["cpu"] if cpu else []) + list(gpu_devices)
+    if devices:
+        # A worker thread's Python work (claiming, storing a schedule) holds the GIL for up
+        # to the switch interval before the event loop gets it back: 5 ms by default.
+        sys.setswitchinterval(min(sys.getswitchinterval(), WORKER_SWITCH_INTERVAL_S))
     workers = [Worker(ctx, device=device) for device in devices]
     for worker in workers:
         worker.start_thread()

@@ -24,7 +24,7 @@ from service.ratelimit import AuthFailures, FailureThrottle, RateLimiter
 from service.tenants import DEFAULT_TENANT, LOCAL_TENANT
 
 ADMIN_COOKIE = "kiln_admin"
-_TOKEN_CACHE_S = 30.0  # a revoked token stops working within this long
+MAX_CACHED_TOKENS = 10_000
 T = TypeVar("T")
 
 
@@ -39,31 +39,34 @@ def get_hits(request: Request) -> HitBuffer:
 
 
 class TokenRoles:
-    """Grants (role, tenant) of presented tokens, cached briefly so a hot path does not
-    query per request."""
+    """Grants (role, tenant) of presented tokens, kept for `keep_s` (KILN_TOKEN_CACHE_S) so
+    a hot path does not query per request: a revoked token stops working within that time.
+    Keyed by the token's sha256; the token itself is never kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[Grant | None, float]] = {}
+        self._cache: dict[str, tuple[Grant | None, float]] = {}  # sha256 -> (grant, checked at)
 
     def known(self, token: str) -> Grant | None:
         """The grant of a token recently found valid, without a query (None: not known)."""
         with self._lock:
             hit = self._cache.get(hash_token(token))
-        return hit[0] if hit and time.monotonic() - hit[1] < _TOKEN_CACHE_S else None
+        return hit[0] if hit and time.monotonic() - hit[1] < self.keep_s else None
 
     async def grant(self, ctx: ServiceContext, token: str) -> Grant | None:
         digest = hash_token(token)
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(digest)
-        if hit and now - hit[1] < _TOKEN_CACHE_S:
+        if hit and now - hit[1] < self.keep_s:
             return hit[0]
         grant = await run_in_threadpool(self._resolve, ctx, token)
-        with self._lock:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[digest] = (grant, now)
+        if self.keep_s > 0:
+            with self._lock:
+                if len(self._cache) >= MAX_CACHED_TOKENS:
+                    self._cache.clear()
+                self._cache[digest] = (grant, now)
         return grant
 
     @staticmethod
@@ -90,6 +93,8 @@ async def _ask(limiter: RateLimiter | FailureThrottle, method: Callable[[str], T
 
 async def _limit(request: Request, principal: Principal) -> Principal:
     limiter: RateLimiter = request.app.state.limiter
+    if limiter.rate <= 0:  # off: no thread hop to ask a shared limiter for nothing
+        return principal
     wait = await _ask(limiter, limiter.allow, principal.ident)
     if wait:
         raise ApiError(429, "rate_limited", f"too many requests; retry in {wait:.2f} s",
@@ -140,6 +145,19 @@ async def _token_grant(request: Request, ctx: ServiceContext, token: str) -> Gra
 
 async def client_principal(request: Request) -> Principal:
     """Caller of a client endpoint: any valid token; no token only on a loopback bind."""
+    principal = await _client(request, check=True)
+    assert principal is not None
+    return principal
+
+
+async def known_client_principal(request: Request) -> Principal | None:
+    """As client_principal, but a token whose grant is not kept (TokenRoles.known) is not
+    checked here: None, and nothing counted (the caller then takes client_principal's path,
+    which checks it and counts its failures)."""
+    return await _client(request, check=False)
+
+
+async def _client(request: Request, check: bool) -> Principal | None:
     ctx = get_ctx(request)
     token = _bearer(request)
     if token is None:
@@ -147,7 +165,14 @@ async def client_principal(request: Request) -> Principal:
             return await _limit(request, Principal(None, f"ip:{_address(request)}", LOCAL_TENANT))
         raise ApiError(401, "unauthorized", "a bearer token is required (kiln token create)",
                        {"WWW-Authenticate": "Bearer"})
-    grant = await _token_grant(request, ctx, token)
+    if check:
+        grant = await _token_grant(request, ctx, token)
+    else:
+        roles: TokenRoles = request.app.state.token_roles
+        known = roles.known(token)
+        if known is None:
+            return None
+        grant = known
     return await _limit(request, Principal(grant.role, f"token:{hash_token(token)}",
                                            grant.tenant))
 

@@ -67,7 +67,7 @@ def test_a_token_that_keeps_failing_is_refused_without_a_lookup(pg_ctx: ServiceC
         codes = [c.get(lookup, headers=bad).status_code for _ in range(limit + 1)]
         # The limit-th failure starts the backoff; the next is refused before any lookup.
         assert codes == [401] * (limit - 1) + [429, 429]
-        c.app.state.token_roles = TokenRoles()  # no cached answer: a lookup would be needed
+        c.app.state.token_roles = TokenRoles(10.0)  # no cached answer: a lookup would be needed
 
         def no_lookup(*_args: object) -> None:
             raise AssertionError("a token in backoff was looked up")
@@ -76,7 +76,7 @@ def test_a_token_that_keeps_failing_is_refused_without_a_lookup(pg_ctx: ServiceC
         refused = c.get(lookup, headers=bad)
         assert refused.status_code == 429 and "this token failed too often" in refused.text
         # Other tokens from the same address are untouched by this token's backoff.
-        c.app.state.token_roles = TokenRoles()
+        c.app.state.token_roles = TokenRoles(10.0)
         assert c.get(lookup, headers={"Authorization": f"Bearer {good}"}).status_code == 404
 
 

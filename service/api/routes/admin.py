@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from service.api.deps import Admin, Ctx
@@ -59,18 +59,20 @@ def entry(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
 
 
 @router.post("/entries/{key}/invalidate")
-def invalidate(key: str, ctx: Ctx, _who: Admin) -> dict[str, Any]:
+def invalidate(key: str, request: Request, ctx: Ctx, _who: Admin) -> dict[str, Any]:
     """Withdraw an entry's schedule."""
     with ctx.transaction() as session:
         item = admin.invalidate(session, _known_key(key))
+    request.app.state.lookups.forget(key)  # other API processes: within KILN_LOOKUP_CACHE_S
     return _found(item, key)
 
 
 @router.post("/entries/{key}/retune", status_code=202)
-def retune(key: str, ctx: Ctx, _who: Admin) -> JSONResponse:
+def retune(key: str, request: Request, ctx: Ctx, _who: Admin) -> JSONResponse:
     """Queue the entry for tuning again."""
     with ctx.transaction() as session:
         job = admin.retune(session, _known_key(key))
+    request.app.state.lookups.forget(key)  # its job is queued again: `job_status` changed
     return JSONResponse(_found(job, key), status_code=202)
 
 
