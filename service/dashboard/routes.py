@@ -282,6 +282,7 @@ def _action(request: Request, key: str, action: str, csrf_token: str,
         done = _ACTIONS[action](session, key)
     if done is None:
         return _no_entry(request, key)
+    request.app.state.lookups.forget(key)  # as the API's admin routes: a kept answer is stale
     log.info("dashboard: %s %s", action, key)
     return RedirectResponse(f"/admin/entries/{key}?done={action}", status_code=303)
 
