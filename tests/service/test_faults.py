@@ -4,6 +4,7 @@ stopped. API and workers run as their own processes against real PostgreSQL and 
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,6 +126,7 @@ def test_postgres_stopped_answers_503_and_recovers(
         wait_for(lambda: _job(url, first["job_id"])["status"] == "done", 30)
         assert _concurrent_gets(url, first["key"]) == [200] * 8  # several pooled connections
         pg.stop()
+        time.sleep(1.5)  # past KILN_LOOKUP_CACHE_S (1 s): the lookup's kept answer is gone
         for r in (httpx.get(f"{url}/v1/schedules/{first['key']}", timeout=10),
                   httpx.post(f"{url}/v1/graphs", json=wire_body(CASES[1]), timeout=10)):
             assert r.status_code == 503, r.text
