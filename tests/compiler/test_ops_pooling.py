@@ -1,0 +1,172 @@
+"""2-D max pooling as Triton kernels (`compiler/codegen/pooling.py`): values and indices
+equal ATen's (ties, NaN, -inf, padding, dilation, ceil mode, both layouts), the backward
+equals ATen's, a pooling fuses with its neighbours, and a resnet-like stem trains as eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import compiler
+from compiler.lowering.tracing import trace_training
+from tests.compiler.oputil import TOL, assert_matches, check, rand, trace
+
+aten = torch.ops.aten
+CL = torch.channels_last
+
+# (kernel, stride, padding, dilation, ceil_mode): resnet's stem, a non-square window with
+# stride 1 along one dim, dilation with padding, ceil mode's partial last window, and a
+# 3x3 window with stride 3 whose last window sticks out of the input.
+FORMS = [
+    ([3, 3], [2, 2], [1, 1], [1, 1], False),
+    ([2, 3], [1, 2], [1, 0], [1, 1], False),
+    ([3, 3], [1, 1], [1, 1], [2, 2], False),
+    ([3, 3], [2, 2], [0, 0], [1, 1], True),
+    ([3, 3], [3, 3], [1, 1], [1, 1], True),
+]
+
+
+def _pool(form: tuple) -> object:
+    return lambda x: aten.max_pool2d_with_indices(x, *form)
+
+
+def _exact(got: tuple, want: tuple) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g.isnan(), w.isnan()) if g.is_floating_point() else True
+        torch.testing.assert_close(g, w, atol=0, rtol=0, equal_nan=True)
+
+
+def _ties(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Values from {-1, 0, 1}: most windows hold their maximum more than once."""
+    return rand(shape, torch.int64, low=-1, high=2, seed=seed).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("form", FORMS, ids=[f"form{i}" for i in range(len(FORMS))])
+def test_forward_values_and_indices_are_atens(form: tuple, layout: str, dtype: torch.dtype) -> None:
+    x = rand((2, 3, 9, 10), dtype, seed=1)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=CL)
+    built = check(_pool(form), x)
+    assert len(built.kernels) == 1  # values and indices: one kernel
+    _exact(built(x), _pool(form)(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_ties_nan_and_minus_inf_follow_aten(dtype: torch.dtype) -> None:
+    """First maximum wins a tie, the last NaN wins a window holding NaNs, a window of -inf
+    points at its first position inside the input."""
+    x = _ties((2, 2, 8, 9), dtype, seed=2)
+    x[0, 0, 1, 1] = x[0, 0, 4, 6] = x[1, 1, 4, 5] = float("nan")
+    x[1, 0, :5, :5] = float("-inf")
+    for form in FORMS:
+        built = check(_pool(form), x)
+        _exact(built(x), _pool(form)(x))
+
+
+def test_a_three_d_input_pools_its_last_two_dims() -> None:
+    x = _ties((3, 7, 8), torch.float32, seed=3)
+    _exact(check(_pool(FORMS[0]), x)(x), _pool(FORMS[0])(x))
+
+
+def _backward(form: tuple) -> object:
+    def fn(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        _, indices = aten.max_pool2d_with_indices(x, *form)
+        return aten.max_pool2d_with_indices_backward(g, x, *form, indices)
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("form", FORMS, ids=[f"form{i}" for i in range(len(FORMS))])
+def test_backward_is_atens(form: tuple, layout: str, dtype: torch.dtype) -> None:
+    """Ties make overlapping windows take the same element: its gradients add up, in float32
+    for half types as ATen's CUDA kernel does (its CPU kernel adds in bf16: within bf16's
+    tolerance of it), in output order (float32: equal)."""
+    x = _ties((2, 3, 9, 10), dtype, seed=4)
+    out = aten.max_pool2d_with_indices(x, *form)[0]
+    g = rand(tuple(out.shape), dtype, seed=5)
+    if layout == "channels_last":
+        x, g = x.contiguous(memory_format=CL), g.contiguous(memory_format=CL)
+    built = check(_backward(form), g, x)
+    assert len(built.kernels) == 1  # the indices are computed where the backward reads them
+    tol = (0, 0) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(built(g, x), _backward(form)(g, x), atol=tol[0], rtol=tol[1])
+
+
+def test_backward_reads_saved_indices() -> None:
+    """The backward as in a training graph: indices are an input of its own."""
+    form = FORMS[0]
+    x = _ties((2, 3, 9, 10), torch.float32, seed=6)
+    out, indices = aten.max_pool2d_with_indices(x, *form)
+    g = rand(tuple(out.shape), seed=7)
+
+    def fn(g: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return aten.max_pool2d_with_indices_backward(g, x, *form, indices) * 2
+
+    built = check(fn, g, x, indices)
+    assert len(built.kernels) == 1
+
+
+def test_a_window_too_large_to_unroll_is_an_aten_call() -> None:
+    x = rand((1, 2, 12, 12), seed=8)
+    form = ([9, 9], [1, 1], [0, 0], [1, 1], False)
+    built = check(lambda x: [t * 2 for t in _pool(form)(x)], x, lowered=False)
+    assert built.fallback_ops == ["aten.max_pool2d_with_indices.default"]
+
+
+def test_relu_and_pooling_fuse_into_one_kernel() -> None:
+    """An inference stem's ReLU is computed in the pooling's window loads, and the next
+    pointwise op in the same kernel."""
+    x = rand((2, 4, 11, 12), seed=9).contiguous(memory_format=CL)
+
+    def fn(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        pooled = aten.max_pool2d_with_indices(torch.relu(x * scale), [3, 3], [2, 2], [1, 1])[0]
+        return pooled + 1
+
+    scale = rand((4, 1, 1), seed=10)
+    built = check(fn, x, scale)
+    assert [k.kind for k in built.kernels] == ["pointwise"]
+
+
+class _Stem(nn.Module):
+    """resnet's stem: convolution, batch norm, ReLU, 3x3 max pooling with stride 2 (batch
+    statistics only: the forward's outputs are the result and the saved activations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8, track_running_stats=False)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(torch.relu(self.bn(self.conv(x)))))
+
+
+def test_a_resnet_stem_trains_like_eager() -> None:
+    torch.manual_seed(0)
+    model, x = _Stem(), rand((2, 3, 12, 12), seed=11)
+    fwd, bwd, fwd_in, bwd_in = trace_training(model, [x])
+    built_fwd = compiler.build(fwd, None, fwd_in)
+    built_bwd = compiler.build(bwd, None, bwd_in)
+    assert not any("max_pool" in op for op in built_fwd.fallback_ops + built_bwd.fallback_ops)
+    built_fwd.poison = built_bwd.poison = True
+    outs = list(built_fwd(*fwd_in))
+    grads = built_bwd(*outs[1:len(bwd_in)], torch.cos(outs[0]) / outs[0].numel())
+    want = model(x)
+    want_grads = torch.autograd.grad(want.sin().mean(), list(model.parameters()))
+    assert_matches(outs[0], want.detach(), TOL[torch.float32])
+    for name, got, expected in zip([n for n, _ in model.named_parameters()], grads, want_grads,
+                                   strict=False):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_indices_of_a_graph_traced_with_kilns_table_stay_whole() -> None:
+    """kiln's decomposition table keeps the pooling whole for the compiler to lower."""
+    gm = trace(_pool(FORMS[0]), rand((1, 1, 5, 5)))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"][0] == \
+        aten.max_pool2d_with_indices.default
