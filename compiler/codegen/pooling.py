@@ -96,6 +96,11 @@ def forward_refusal(pool: fx.Node) -> str | None:
     return _refusal(pool.args[0], kernel[0] * kernel[1])
 
 
+def piece_refusal(piece: fx.Node) -> str | None:
+    """Why a getitem of a `max_pool2d_with_indices` is not computed: its pooling's refusal."""
+    return forward_refusal(piece.args[0])
+
+
 def backward_refusal(node: fx.Node) -> str | None:
     """Why a `max_pool2d_with_indices_backward` stays an ATen call, or None."""
     win = _backward_window(node)
@@ -265,6 +270,6 @@ def _backward_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
     return reads
 
 
-# The forward's pieces: (emit, reads) of its values and of its indices.
-PIECES = ((_values, _forward_reads), (_indices, _forward_reads))
-BACKWARD = (_backward, _backward_reads)
+# The forward's pieces: (emit, reads, refuse) of its values and of its indices.
+PIECES = ((_values, _forward_reads, piece_refusal), (_indices, _forward_reads, piece_refusal))
+BACKWARD = (_backward, _backward_reads, backward_refusal)
