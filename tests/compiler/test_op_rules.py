@@ -12,7 +12,7 @@ import compiler
 from compiler.codegen import exprs, indexing, matmul, reduction, rules, views
 from compiler.codegen.common import TL_DTYPES, Unsupported
 from compiler.codegen.writer import Writer
-from compiler.ir import TensorMeta, base_name, meta
+from compiler.ir import TensorMeta, meta
 from compiler.lowering import ops
 from compiler.lowering.lower import lower_fx
 from tests.compiler.oputil import check, rand, trace
