@@ -90,8 +90,8 @@ class OpRule:
 POOLING: dict[str, OpRule] = {
     "max_pool2d_with_indices": OpRule(
         "index", refuse=pooling.forward_refusal,
-        pieces=tuple(OpRule("index", *piece) for piece in pooling.PIECES)),
-    "max_pool2d_with_indices_backward": OpRule("index", *pooling.BACKWARD),
+        pieces=tuple(OpRule("index", *piece) for piece in pooling.MAX_PIECES)),
+    **{name: OpRule("index", *rule) for name, rule in pooling.OPS.items()},
 }
 
 
