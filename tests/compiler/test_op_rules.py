@@ -17,6 +17,8 @@ from compiler.lowering import ops
 from compiler.lowering.lower import lower_fx
 from tests.compiler.oputil import check, rand, trace
 
+aten = torch.ops.aten
+
 
 def test_op_sets_are_the_registry_by_kind() -> None:
     assert ops.POINTWISE == frozenset(exprs.POINTWISE)
@@ -74,9 +76,10 @@ def _odd_forms() -> list[torch.fx.GraphModule]:
 
 def _pool_and_back(kernel: list[int]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values, indices = torch.ops.aten.max_pool2d_with_indices(x, kernel, [1, 1])
-        return values, indices, torch.ops.aten.max_pool2d_with_indices_backward(
-            values, x, kernel, [1, 1], [0, 0], [1, 1], False, indices)
+        values, indices = aten.max_pool2d_with_indices(x, kernel, [1, 1])
+        mean = aten.avg_pool2d(x, kernel, [1, 1])
+        return values, indices, mean, aten.avg_pool2d_backward(mean, x, kernel, [1, 1], [0, 0], False, True, None), \
+            aten.max_pool2d_with_indices_backward(values, x, kernel, [1, 1], [0, 0], [1, 1], False, indices)
     return fn
 
 

@@ -170,3 +170,38 @@ def test_indices_of_a_graph_traced_with_kilns_table_stay_whole() -> None:
     gm = trace(_pool(FORMS[0]), rand((1, 1, 5, 5)))
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"][0] == \
         aten.max_pool2d_with_indices.default
+
+
+# avg_pool2d's (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+# resnet-D's shortcut pooling, padding counted or not, ceil mode's partial windows, an
+# override, and a non-square window.
+AVG_FORMS = [
+    ([2, 2], [2, 2], [0, 0], True, False, None),
+    ([3, 3], [2, 2], [1, 1], False, True, None),
+    ([3, 3], [2, 2], [1, 1], True, False, None),
+    ([3, 3], [2, 2], [1, 1], True, True, None),
+    ([2, 3], [1, 2], [1, 1], False, True, 5),
+]
+
+
+def _avg(form: tuple) -> object:
+    return lambda x: aten.avg_pool2d(x, *form)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("form", AVG_FORMS, ids=[f"form{i}" for i in range(len(AVG_FORMS))])
+def test_avg_pooling_is_atens(form: tuple, layout: str, dtype: torch.dtype) -> None:
+    x = rand((2, 3, 9, 10), dtype, seed=12)
+    out = _avg(form)(x)
+    g = rand(tuple(out.shape), dtype, seed=13)
+    if layout == "channels_last":
+        x, g = x.contiguous(memory_format=CL), g.contiguous(memory_format=CL)
+    built = check(_avg(form), x)
+    assert len(built.kernels) == 1
+
+    def backward(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return aten.avg_pool2d_backward(g, x, *form)
+
+    built = check(backward, g, x)
+    assert len(built.kernels) == 1
