@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 import compiler
-from compiler.lowering.tracing import trace_training
 from tests.compiler.oputil import TOL, assert_matches, check, rand, trace
 
 aten = torch.ops.aten
@@ -148,6 +147,8 @@ class _Stem(nn.Module):
 
 
 def test_a_resnet_stem_trains_like_eager() -> None:
+    from compiler.lowering.tracing import trace_training  # imports Triton (see the sm_90 test)
+
     torch.manual_seed(0)
     model, x = _Stem(), rand((2, 3, 12, 12), seed=11)
     fwd, bwd, fwd_in, bwd_in = trace_training(model, [x])
@@ -205,3 +206,4 @@ def test_avg_pooling_is_atens(form: tuple, layout: str, dtype: torch.dtype) -> N
 
     built = check(backward, g, x)
     assert len(built.kernels) == 1
+
