@@ -207,3 +207,39 @@ def test_avg_pooling_is_atens(form: tuple, layout: str, dtype: torch.dtype) -> N
     built = check(backward, g, x)
     assert len(built.kernels) == 1
 
+
+def _compile_stem_for_sm90() -> list[str]:
+    """In a spawned process (Triton imported with the interpreter off): every kernel of the
+    stem's training graphs, of a bf16 channels-last max pooling and its backward, and of
+    average pooling forward and backward, compiled for sm_90; their names."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "0"  # before Triton loads
+    os.environ["KILN_COMPILE_WORKERS"] = "0"  # compiled here, one by one
+    from compiler import aot
+    from compiler.lowering.tracing import trace_training
+
+    torch.manual_seed(0)
+    fwd, bwd, fwd_in, bwd_in = trace_training(_Stem(), [rand((2, 3, 12, 12), seed=11)])
+    x = rand((2, 3, 9, 10), torch.bfloat16, seed=14).contiguous(memory_format=CL)
+    g = rand(tuple(_pool(FORMS[2])(x)[0].shape), torch.bfloat16, seed=15).contiguous(memory_format=CL)
+    graphs = [(fwd, fwd_in), (bwd, bwd_in), (trace(_backward(FORMS[2]), g, x), [g, x]),
+              (trace(_pool(FORMS[1]), x), [x]), (trace(_avg(AVG_FORMS[3]), x), [x])]
+    avg_g = rand(tuple(_avg(AVG_FORMS[2])(x).shape), torch.bfloat16, seed=16)
+    graphs.append((trace(lambda g, x: aten.avg_pool2d_backward(g, x, *AVG_FORMS[2]), avg_g, x), [avg_g, x]))
+    names = []
+    for gm, inputs in graphs:
+        for spec in aot.launch_specs(compiler.build(gm, None, inputs)):
+            aot.compile_for_target(spec, 90)
+            names.append(spec.kernel)
+    return names
+
+
+def test_pooling_kernels_compile_for_sm90() -> None:
+    """The interpreter runs what the GPU compiler may refuse: compile them for an H200."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        names = pool.submit(_compile_stem_for_sm90).result(timeout=900)
+    assert sum("pool2d" in n for n in names) >= 6, names
