@@ -22,6 +22,12 @@ inside the input, divided by ATen's divisor (the window clipped to the padded in
 each candidate output's gradient divided by that output's divisor. Sums are in float32 for
 half types, as ATen's CUDA kernels.
 
+Adaptive average pooling (`_adaptive_avg_pool2d` and its backward): output o's window is
+[floor(o * H / OH), ceil((o + 1) * H / OH)), unrolled to the widest window with a bound
+per element where widths differ; the sum is divided by its rows, then by its columns, as
+ATen does. The backward reads the outputs an input position fed, the same ranges read the
+other way (OH over H), each gradient divided by its window's rows and columns.
+
 A window larger than `MAX_WINDOW` loads (a global pool, say) stays an ATen call: its
 unrolled code would be too long to compile well.
 """
@@ -394,6 +400,115 @@ def _avg_backward_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]
     return _candidate_reads((node.args[0],), _avg_backward_window(node), idx)
 
 
+# ---- adaptive average pooling ---------------------------------------------------------------
+
+
+def _adaptive_range(o: str, size: int, out: int) -> tuple[Pos, Pos]:
+    """(start, end) of the window of output `o` along a dim of `size` pooled to `out`:
+    floor(o * size / out) and ceil((o + 1) * size / out), as ATen's."""
+    if o.lstrip("-").isdigit():
+        k = int(o)
+        return k * size // out, ((k + 1) * size + out - 1) // out
+    return f"({paren(o)} * {size}) // {out}", f"(({paren(o)} + 1) * {size} + {out - 1}) // {out}"
+
+
+def _adaptive_widest(size: int, out: int) -> int:
+    """The widest window of a dim of `size` pooled to `out` (and, read the other way, the
+    most outputs one input position feeds)."""
+    return max(((k + 1) * size + out - 1) // out - k * size // out for k in range(out))
+
+
+def _adaptive_positions(size: int, out: int, o: str) -> list[tuple[Pos, list[str]]]:
+    """(position, conditions that it is inside the window) of each element of the window of
+    output `o` (or, with `size` and `out` swapped, of each output input position `o` feeds)."""
+    start, end = _adaptive_range(o, size, out)
+    width = _adaptive_widest(size, out)
+    uniform = size % out == 0
+    found: list[tuple[Pos, list[str]]] = []
+    for i in range(width):
+        if isinstance(start, int):
+            if start + i < end:  # type: ignore[operator]
+                found.append((start + i, []))
+            continue
+        pos = f"{start} + {i}" if i else start
+        found.append((pos, [] if uniform or i == 0 else [f"({pos} < {end})"]))  # never empty
+    return found
+
+
+def _adaptive_window(node: fx.Node, inp: fx.Node, out: fx.Node, idx: Index) -> list[tuple[Pos, Pos, list[str]]]:
+    shape, pooled = meta(inp).shape, meta(out).shape
+    rows, cols = (_adaptive_positions(shape[d], pooled[d], idx[d]) for d in (-2, -1))
+    return [(r, c, rc + cc) for r, rc in rows for c, cc in cols]
+
+
+def _adaptive_count(o: str, size: int, out: int) -> str:
+    start, end = _adaptive_range(o, size, out)
+    if isinstance(start, int):
+        return str(end - start)  # type: ignore[operator]
+    return str(size // out) if size % out == 0 else f"({end} - {start})"
+
+
+def _adaptive_refusal(inp: fx.Node, pooled: tuple[int, ...], size: tuple[int, ...], out: tuple[int, ...]) -> str | None:
+    """Why an adaptive pooling of `inp` stays an ATen call: unrolled windows of dims of
+    `size` pooled to `out`."""
+    if len(pooled) not in (3, 4) or 0 in pooled[-2:]:
+        return f"adaptive pooling to {pooled}"
+    return _refusal(inp, _adaptive_widest(size[-2], out[-2]) * _adaptive_widest(size[-1], out[-1]))
+
+
+def adaptive_refusal(node: fx.Node) -> str | None:
+    """Why an `_adaptive_avg_pool2d` stays an ATen call, or None."""
+    shape, pooled = meta(node.args[0]).shape, meta(node).shape
+    return _adaptive_refusal(node.args[0], pooled, shape, pooled)
+
+
+def adaptive_backward_refusal(node: fx.Node) -> str | None:
+    """Why an `_adaptive_avg_pool2d_backward` stays an ATen call, or None (the outputs one
+    input position fed are unrolled as a window's elements are)."""
+    shape, pooled = meta(node).shape, meta(node.args[0]).shape
+    return _adaptive_refusal(node.args[1], pooled, pooled, shape)
+
+
+def _adaptive(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+    _check(adaptive_refusal(node))
+    x = node.args[0]
+    cd = compute_dtype(meta(node).dtype)
+    acc = literal(0, cd)
+    for row, col, conds in _adaptive_window(node, x, node, idx):
+        inside, inner = _guarded(w, conds, mask)
+        v = cast(Var(w.value(x, _at(idx, row, col), inner), compute_dtype(meta(x).dtype)), cd)
+        acc = w.tmp(f"{acc} + {v}" if inside is None else f"{acc} + tl.where({inside}, {v}, {literal(0, cd)})")
+    shape, pooled = meta(x).shape, meta(node).shape
+    rows, cols = (_adaptive_count(idx[d], shape[d], pooled[d]) for d in (-2, -1))
+    return f"{acc} / {rows} / {cols}"  # ATen divides twice: the same rounding
+
+
+def _adaptive_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
+    x = node.args[0]
+    return [(x, _at(idx, r, c)) for r, c, _ in _adaptive_window(node, x, node, idx)]
+
+
+def _adaptive_backward(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
+    _check(adaptive_backward_refusal(node))
+    grad = node.args[0]
+    cd = compute_dtype(meta(node).dtype)
+    shape, pooled = meta(node).shape, meta(grad).shape
+    acc = literal(0, cd)
+    for row, col, conds in _adaptive_window(node, grad, node, idx):  # the outputs it fed
+        inside, inner = _guarded(w, conds, mask)
+        at = _at(idx, row, col)
+        g = cast(Var(w.value(grad, at, inner), compute_dtype(meta(grad).dtype)), cd)
+        rows, cols = (_adaptive_count(str(o), shape[d], pooled[d]) for o, d in ((row, -2), (col, -1)))
+        share = w.tmp(f"{g} / {rows} / {cols}")
+        acc = w.tmp(f"{acc} + {share}" if inside is None else f"{acc} + tl.where({inside}, {share}, {literal(0, cd)})")
+    return acc
+
+
+def _adaptive_backward_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
+    grad = node.args[0]
+    return [(grad, _at(idx, r, c)) for r, c, _ in _adaptive_window(node, grad, node, idx)]
+
+
 # The forward's pieces: (emit, reads, refuse) of its values and of its indices.
 MAX_PIECES = ((_values, _forward_reads, piece_refusal), (_indices, _forward_reads, piece_refusal))
 # (emit, reads, refuse) of each single-result pooling op.
@@ -401,4 +516,7 @@ OPS = {
     "max_pool2d_with_indices_backward": (_backward, _backward_reads, backward_refusal),
     "avg_pool2d": (_avg, _avg_reads, avg_refusal),
     "avg_pool2d_backward": (_avg_backward, _avg_backward_reads, avg_backward_refusal),
+    "_adaptive_avg_pool2d": (_adaptive, _adaptive_reads, adaptive_refusal),
+    "_adaptive_avg_pool2d_backward": (_adaptive_backward, _adaptive_backward_reads,
+                                      adaptive_backward_refusal),
 }

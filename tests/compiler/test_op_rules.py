@@ -78,8 +78,10 @@ def _pool_and_back(kernel: list[int]) -> Callable[[torch.Tensor], tuple[torch.Te
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         values, indices = aten.max_pool2d_with_indices(x, kernel, [1, 1])
         mean = aten.avg_pool2d(x, kernel, [1, 1])
+        adaptive = aten._adaptive_avg_pool2d(x, [12 // kernel[0]] * 2)  # 3x3 or 12x12 windows
         return values, indices, mean, aten.avg_pool2d_backward(mean, x, kernel, [1, 1], [0, 0], False, True, None), \
-            aten.max_pool2d_with_indices_backward(values, x, kernel, [1, 1], [0, 0], [1, 1], False, indices)
+            aten.max_pool2d_with_indices_backward(values, x, kernel, [1, 1], [0, 0], [1, 1], False, indices), \
+            adaptive, aten._adaptive_avg_pool2d_backward(adaptive, x)
     return fn
 
 

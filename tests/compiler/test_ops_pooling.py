@@ -1,6 +1,7 @@
-"""2-D max pooling as Triton kernels (`compiler/codegen/pooling.py`): values and indices
-equal ATen's (ties, NaN, -inf, padding, dilation, ceil mode, both layouts), the backward
-equals ATen's, a pooling fuses with its neighbours, and a resnet-like stem trains as eager."""
+"""2-D pooling as Triton kernels (`compiler/codegen/pooling.py`): max pooling's values and
+indices equal ATen's (ties, NaN, -inf, padding, dilation, ceil mode, both layouts), its
+backward equals ATen's, a pooling fuses with its neighbours, a resnet-like stem trains as
+eager; average and adaptive average pooling, both ways, as ATen's."""
 
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def test_avg_pooling_is_atens(form: tuple, layout: str, dtype: torch.dtype) -> N
 def _compile_stem_for_sm90() -> list[str]:
     """In a spawned process (Triton imported with the interpreter off): every kernel of the
     stem's training graphs, of a bf16 channels-last max pooling and its backward, and of
-    average pooling forward and backward, compiled for sm_90; their names."""
+    average and adaptive average pooling forward and backward, compiled for sm_90; their
+    names."""
     import os
 
     os.environ["TRITON_INTERPRET"] = "0"  # before Triton loads
@@ -227,6 +229,9 @@ def _compile_stem_for_sm90() -> list[str]:
               (trace(_pool(FORMS[1]), x), [x]), (trace(_avg(AVG_FORMS[3]), x), [x])]
     avg_g = rand(tuple(_avg(AVG_FORMS[2])(x).shape), torch.bfloat16, seed=16)
     graphs.append((trace(lambda g, x: aten.avg_pool2d_backward(g, x, *AVG_FORMS[2]), avg_g, x), [avg_g, x]))
+    adaptive_g = rand((2, 3, 4, 7), torch.bfloat16, seed=19)
+    graphs += [(trace(lambda x: aten._adaptive_avg_pool2d(x, [4, 7]), x), [x]),
+               (trace(aten._adaptive_avg_pool2d_backward, adaptive_g, x), [adaptive_g, x])]
     names = []
     for gm, inputs in graphs:
         for spec in aot.launch_specs(compiler.build(gm, None, inputs)):
@@ -242,4 +247,21 @@ def test_pooling_kernels_compile_for_sm90() -> None:
 
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         names = pool.submit(_compile_stem_for_sm90).result(timeout=900)
-    assert sum("pool2d" in n for n in names) >= 6, names
+    assert sum("pool2d" in n for n in names) >= 8, names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("size", [[3, 5], [9, 2], [4, 7]], ids=["uneven", "uneven_rows", "even_and_wider"])
+def test_adaptive_avg_pooling_is_atens(size: list[int], layout: str, dtype: torch.dtype) -> None:
+    """Windows of uneven widths (9 -> 3 rows are even, 10 -> 5 columns too, 9 -> 2 and
+    9 -> 4 are not, 10 -> 7 windows overlap)."""
+    x = rand((2, 3, 9, 10), dtype, seed=17)
+    out = aten._adaptive_avg_pool2d(x, size)
+    g = rand(tuple(out.shape), dtype, seed=18)
+    if layout == "channels_last":
+        x, g = x.contiguous(memory_format=CL), g.contiguous(memory_format=CL)
+    built = check(lambda x: aten._adaptive_avg_pool2d(x, size), x)
+    assert len(built.kernels) == 1
+    built = check(aten._adaptive_avg_pool2d_backward, g, x)
+    assert len(built.kernels) == 1
