@@ -174,15 +174,16 @@ def node_kind(node: fx.Node) -> NodeKind:
     if node.target is operator.getitem:
         return NODE_KINDS["view" if views.is_view(node) else "extern"]
     rule = RULES.get(name)
-    if rule is None or rule.kind == "aten" or not _triton_typed(node) or \
+    if rule is None or rule.kind == "aten" or not _triton_typed(node, tuple_of=bool(rule.pieces)) or \
             not all(_triton_typed(a) for a in node.all_input_nodes) or rule.refuse(node) is not None:
         return NODE_KINDS["extern"]
     return NODE_KINDS["view" if rule.pieces else rule.kind]  # a tuple: its getitems are computed
 
 
-def _triton_typed(node: fx.Node) -> bool:
+def _triton_typed(node: fx.Node, tuple_of: bool = False) -> bool:
+    """Whether `node`'s value (`tuple_of`: each of its tuple of results) has a Triton dtype."""
     m = node.meta.get("kiln_meta")
-    metas = m if isinstance(m, tuple) else (m,)  # an op's tuple of results
+    metas = m if tuple_of and isinstance(m, tuple) else (m,)
     return all(isinstance(t, TensorMeta) and t.dtype in TL_DTYPES for t in metas)
 
 
