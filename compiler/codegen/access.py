@@ -38,7 +38,8 @@ SAME, BROADCAST, REINDEXED, GATHERED, ROW_REDUCED = (
 def input_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
     """Where the value of `node` (a view, or an op computed at an index) at `idx` reads
     each of its inputs."""
-    reads = rules.RULES[base_name(node)].reads
+    rule = rules.rule_of(node)
+    reads = None if rule is None else rule.reads
     if reads is None:
         raise ValueError(f"{node.name}: {base_name(node)} is not computed at an index")
     return reads(node, idx)
@@ -46,7 +47,7 @@ def input_reads(node: fx.Node, idx: Index) -> list[tuple[fx.Node, Index]]:
 
 def patterns(node: fx.Node) -> list[tuple[fx.Node, str]]:
     """The access pattern of each input `node` reads (see the module's table)."""
-    kind = rules.RULES[base_name(node)].kind
+    kind = rules.rule_of(node).kind  # type: ignore[union-attr]
     if kind == "reduction":
         return [(reduction_info(node).source, ROW_REDUCED)]
     shape = meta(node).shape

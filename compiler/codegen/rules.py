@@ -6,12 +6,15 @@ the op sets (`compiler/lowering/ops.py`) and fusion's classification are read fr
 | --- | --- | --- |
 | pointwise | an expression of its inputs at the same index (or of the index alone) | `exprs.POINTWISE` |
 | view | index arithmetic over its input, never a copy | `views.VIEWS` |
-| index | loads of its inputs at computed positions | `indexing.INDEX_OPS` |
+| index | loads of its inputs at computed positions | `indexing.INDEX_OPS`, `POOLING` below |
 | reduction | the anchor of a reduction kernel | `reduction.OPS` |
 | matmul | the anchor of a matmul kernel | `matmul.OPS` |
 | aten | always an ATen call: random or data-dependent in shape | `ATEN_ONLY` below |
 
-An op that is not in the registry is an ATen call too.
+An op that is not in the registry is an ATen call too. An op with a tuple of results
+(`max_pool2d_with_indices`) has a rule per result (`pieces`): its getitems are computed,
+each by its piece's rule, and the tuple itself is a view (never computed or stored), as
+a split's is; when its rule refuses it, the tuple and its getitems are ATen calls.
 
 Besides emitting, each rule declares, as metadata that fusion plans with and no code:
 - `refuse(node)`: why a node of the op cannot be computed in a kernel (a form left to ATen),
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from compiler.codegen import exprs, indexing, matmul, reduction, views
+from compiler.codegen import exprs, indexing, matmul, pooling, reduction, views
 from compiler.codegen.common import TL_DTYPES, Index, Unsupported, tl_dtype
 from compiler.codegen.writer import Writer
 from compiler.ir import TensorMeta, base_name, meta
@@ -73,12 +76,23 @@ class OpRule:
     """How one aten op is generated: `kind` (see the table above) and, for the kinds
     computed at an index (pointwise, index), `emit(writer, node, index, mask)`, which
     returns the Triton expression of the node's value there, and `reads`, where that
-    value reads its inputs; `refuse` says why a node cannot be in a kernel (or None)."""
+    value reads its inputs; `refuse` says why a node cannot be in a kernel (or None). An
+    op with a tuple of results has the rule of each result's getitem in `pieces`."""
 
     kind: str
     emit: Callable[[Writer, fx.Node, Index, str], str] | None = None
     reads: Reads | None = None
     refuse: Callable[[fx.Node], str | None] = _never
+    pieces: tuple[OpRule, ...] = ()
+
+
+# Pooling: index ops with a window of loads per element (`pooling.py`).
+POOLING: dict[str, OpRule] = {
+    "max_pool2d_with_indices": OpRule(
+        "index", refuse=pooling.forward_refusal,
+        pieces=tuple(OpRule("index", *piece) for piece in pooling.MAX_PIECES)),
+    **{name: OpRule("index", *rule) for name, rule in pooling.OPS.items()},
+}
 
 
 RULES: dict[str, OpRule] = {
@@ -86,6 +100,7 @@ RULES: dict[str, OpRule] = {
     **dict.fromkeys(views.VIEWS, OpRule("view", reads=_view_reads)),
     **{name: OpRule("index", emit, indexing.INDEX_READS[name], indexing.index_refusal)
        for name, emit in indexing.INDEX_OPS.items()},
+    **POOLING,
     **dict.fromkeys((*reduction.OPS, *COMPOSITE_REDUCTIONS),
                     OpRule("reduction", refuse=_refusal_of(reduction.reduction_info))),
     **dict.fromkeys(matmul.OPS, OpRule("matmul", refuse=_refusal_of(matmul.check))),
@@ -125,6 +140,25 @@ NODE_KINDS: dict[str, NodeKind] = {k.name: k for k in (
 )}
 
 
+def _piece_source(node: fx.Node) -> fx.Node | None:
+    """The op `node` is a getitem of, when that op's rule has pieces."""
+    if node.target is not operator.getitem:
+        return None
+    src = node.args[0]
+    if not (isinstance(src, fx.Node) and src.op == "call_function"):
+        return None
+    rule = RULES.get(base_name(src))
+    return src if rule is not None and rule.pieces else None
+
+
+def rule_of(node: fx.Node) -> OpRule | None:
+    """The rule computing `node` (a getitem of an op with pieces: its piece's), or None."""
+    src = _piece_source(node)
+    if src is not None:
+        return RULES[base_name(src)].pieces[node.args[1]]
+    return RULES.get(base_name(node))
+
+
 def node_kind(node: fx.Node) -> NodeKind:
     """The kind of `node`, from the registry's metadata alone (no code is generated): an
     ATen call when no rule computes it in a kernel, its dtype or an input's has no Triton
@@ -134,18 +168,23 @@ def node_kind(node: fx.Node) -> NodeKind:
     name = base_name(node)
     if name in views.SPLITS:
         return NODE_KINDS["view"]  # its getitems are slices of its input
+    src = _piece_source(node)
+    if src is not None:  # computed by its piece's rule, unless the tuple is an ATen call
+        return NODE_KINDS["extern" if node_kind(src).extern else rule_of(node).kind]  # type: ignore[union-attr]
     if node.target is operator.getitem:
         return NODE_KINDS["view" if views.is_view(node) else "extern"]
     rule = RULES.get(name)
-    if rule is None or rule.kind == "aten" or not _triton_typed(node) or \
+    if rule is None or rule.kind == "aten" or not _triton_typed(node, tuple_of=bool(rule.pieces)) or \
             not all(_triton_typed(a) for a in node.all_input_nodes) or rule.refuse(node) is not None:
         return NODE_KINDS["extern"]
-    return NODE_KINDS[rule.kind]
+    return NODE_KINDS["view" if rule.pieces else rule.kind]  # a tuple: its getitems are computed
 
 
-def _triton_typed(node: fx.Node) -> bool:
+def _triton_typed(node: fx.Node, tuple_of: bool = False) -> bool:
+    """Whether `node`'s value (`tuple_of`: each of its tuple of results) has a Triton dtype."""
     m = node.meta.get("kiln_meta")
-    return isinstance(m, TensorMeta) and m.dtype in TL_DTYPES
+    metas = m if tuple_of and isinstance(m, tuple) else (m,)
+    return all(isinstance(t, TensorMeta) and t.dtype in TL_DTYPES for t in metas)
 
 
 def evaluate(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
@@ -159,8 +198,7 @@ def evaluate(w: Writer, node: fx.Node, idx: Index, mask: str) -> str:
     if views.is_view(node):
         src, sidx = views.view_source(node, idx)
         return w.value(src, sidx, mask)
-    name = base_name(node)
-    rule = RULES.get(name)
+    rule = rule_of(node)
     if rule is None or rule.emit is None:
-        raise Unsupported(f"no Triton lowering for {name}")
+        raise Unsupported(f"no Triton lowering for {base_name(node)}")
     return w.tmp(rule.emit(w, node, idx, mask))

@@ -3,7 +3,9 @@
 Start from PyTorch's core-ATen set, then break the composite normalisation, softmax,
 activation and loss ops that core ATen keeps whole into pointwise ops and reductions the
 compiler can fuse, and keep whole the ops that are better run as library calls (matmuls,
-convolutions, attention, embedding backward).
+convolutions, attention, embedding backward). Max, average and adaptive average pooling
+and their backwards are core ATen ops and stay whole: the compiler computes them
+(`compiler/codegen/pooling.py`).
 """
 
 from __future__ import annotations

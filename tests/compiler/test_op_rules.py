@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -10,16 +12,18 @@ import compiler
 from compiler.codegen import exprs, indexing, matmul, reduction, rules, views
 from compiler.codegen.common import TL_DTYPES, Unsupported
 from compiler.codegen.writer import Writer
-from compiler.ir import TensorMeta, base_name, meta
+from compiler.ir import TensorMeta, meta
 from compiler.lowering import ops
 from compiler.lowering.lower import lower_fx
 from tests.compiler.oputil import check, rand, trace
+
+aten = torch.ops.aten
 
 
 def test_op_sets_are_the_registry_by_kind() -> None:
     assert ops.POINTWISE == frozenset(exprs.POINTWISE)
     assert ops.VIEWS == frozenset(views.VIEWS)
-    assert ops.INDEXING == frozenset(indexing.INDEX_OPS)
+    assert ops.INDEXING == frozenset(indexing.INDEX_OPS) | frozenset(rules.POOLING)
     assert ops.REDUCTIONS == frozenset(reduction.OPS) | frozenset(rules.COMPOSITE_REDUCTIONS)
     assert ops.MATMULS == frozenset(matmul.OPS)
     assert ops.NEVER_LOWER == frozenset(rules.ATEN_ONLY)
@@ -65,18 +69,32 @@ def _odd_forms() -> list[torch.fx.GraphModule]:
         lambda x: torch.ops.aten.gelu_backward(x, x, approximate="tanh") + torch.ops.aten.gelu_backward(x, x),
         lambda x: (x[:, i] * 2, x[i] * 2),
     ]
-    return [trace(f, x) for f in forms]
+    x4 = rand((1, 2, 12, 12), seed=4)
+    # a pooling window kiln unrolls, and one it leaves to ATen
+    return [trace(f, x) for f in forms] + [trace(_pool_and_back(k), x4) for k in ([3, 3], [9, 9])]
+
+
+def _pool_and_back(kernel: list[int]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values, indices = aten.max_pool2d_with_indices(x, kernel, [1, 1])
+        mean = aten.avg_pool2d(x, kernel, [1, 1])
+        adaptive = aten._adaptive_avg_pool2d(x, [12 // kernel[0]] * 2)  # 3x3 or 12x12 windows
+        return values, indices, mean, aten.avg_pool2d_backward(mean, x, kernel, [1, 1], [0, 0], False, True, None), \
+            aten.max_pool2d_with_indices_backward(values, x, kernel, [1, 1], [0, 0], [1, 1], False, indices), \
+            adaptive, aten._adaptive_avg_pool2d_backward(adaptive, x)
+    return fn
 
 
 def test_each_rule_declares_the_forms_its_emitter_refuses() -> None:
     from tests.compiler.fusion_plans import graphs
 
     gms = [lower_fx(gm, list(inputs)).gm for _, gm, inputs in graphs()]
-    gms += [lower_fx(gm, [rand((4, 6), seed=3)]).gm for gm in _odd_forms()]
+    gms += [lower_fx(gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]).gm
+            for gm in _odd_forms()]
     seen = {True: 0, False: 0}
     for gm in gms:
         for node in gm.graph.nodes:
-            rule = rules.RULES.get(base_name(node)) if node.op == "call_function" else None
+            rule = rules.rule_of(node) if node.op == "call_function" else None
             if rule is None or rule.kind not in ("pointwise", "index") or not all(
                     isinstance(n.meta.get("kiln_meta"), TensorMeta) and meta(n).dtype in TL_DTYPES
                     for n in (node, *node.all_input_nodes)):
