@@ -23,6 +23,7 @@ from compiler.lowering import frontend, meta_memo
 from compiler.lowering.tracing import trace_training
 from compiler.runtime.extern_layout import laid_out, layouts, returns_fresh
 from compiler.wire import device_layout
+from compiler.wire import fx as wire_fx
 from tests.compiler.oputil import TOL, assert_matches, rand, trace
 
 aten = torch.ops.aten
@@ -43,10 +44,16 @@ def _cudnn_like_backward(grad_output, x, weight, *args):  # noqa: ANN001, ANN202
 @pytest.fixture
 def cudnn_layouts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setitem(device_layout.RULES, aten.convolution_backward.default, _cudnn_like_backward)
-    meta_memo.forget()
-    frontend._CACHE.clear()
+    _forget_layouts()
     yield
+    _forget_layouts()
+
+
+def _forget_layouts() -> None:
+    """Metadata remembered under one layout rule must not answer under another: lowering's
+    and validation's memos, and lowered graphs."""
     meta_memo.forget()
+    wire_fx._MEMO.clear()
     frontend._CACHE.clear()
 
 
