@@ -6,7 +6,7 @@
 After a warm-up, `--iters` steps run under cProfile (host: the functions with the most own
 time, and the cumulative time of the step) and then under torch.profiler (device: the
 kernels with the most GPU time, with their launch counts). Paths as in bench.model_suite:
-eager, inductor, kiln_heuristic (KILN_URL=off is the caller's to set). Prints plain text;
+eager, inductor, inductor_ro, kiln_heuristic (KILN_URL=off is the caller's to set). Prints plain text;
 `--out FILE` also writes it there.
 """
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_arguments(parser)
     parser.add_argument("--path", default="kiln_heuristic",
-                        choices=("eager", "inductor", "kiln_heuristic"))
+                        choices=("eager", "inductor", "inductor_ro", "kiln_heuristic"))
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
