@@ -162,9 +162,9 @@ class _Partition:
         self.backward: torch.fx.GraphModule | None = None
 
     def __call__(self, joint: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
-        from torch._functorch.partitioners import default_partition
+        from compiler.lowering.partition import partition
 
-        forward, backward = default_partition(joint, *args, **kwargs)
+        forward, backward = partition(joint, *args, **kwargs)
         self.backward = backward if isinstance(backward, torch.fx.GraphModule) else None
         if self.backward is not None and isinstance(kwargs.get("num_fwd_outputs"), int):
             forward, backward = _one_layout(forward, backward, kwargs["num_fwd_outputs"])

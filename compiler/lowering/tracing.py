@@ -16,6 +16,7 @@ from torch import fx, nn
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
 from compiler.lowering.decomposition_table import decompositions
+from compiler.lowering.partition import partition
 
 
 class _TupleOutputs(nn.Module):
@@ -106,13 +107,15 @@ def trace_training(
             from torch._dynamo.backends.common import aot_autograd
 
             compiled = torch.compile(wrapped, fullgraph=True, backend=aot_autograd(
-                fw_compiler=fwd, bw_compiler=bwd, decompositions=decompositions()))
+                fw_compiler=fwd, bw_compiler=bwd, partition_fn=partition,
+                decompositions=decompositions()))
         else:
             compiled = aot_module_simplified(
                 wrapped,
                 list(example_inputs),
                 fw_compiler=fwd,
                 bw_compiler=bwd,
+                partition_fn=partition,
                 decompositions=decompositions(),
             )
         outputs = [t for t in flat_tensors(compiled(*example_inputs)) if t.requires_grad]

@@ -49,6 +49,22 @@ def test_matmul_epilogues_fuse() -> None:
     assert _kinds(built) == ["matmul:triton"]
 
 
+def test_matmul_epilogue_member_reading_another_member_fuses() -> None:
+    """GPT-2's MLP in a training forward: the half, the tanh and one plus the tanh are kept
+    for the backward (outputs), and their product reads those, not the matmul's result:
+    one kernel all the same."""
+    x, w, b = rand((16, 32), seed=9), rand((24, 32), seed=10), rand((24,), seed=11)
+
+    def gelu_new(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = F.linear(x, w, b)
+        half, t = 0.5 * h, torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3.0)))
+        one_plus = 1.0 + t
+        return half * one_plus, half, t, one_plus
+
+    built = check(gelu_new, x, w, b, tol=(1e-4, 1e-4))
+    assert _kinds(built) == ["matmul:triton"]
+
+
 def test_reductions_over_other_domains_stay_apart() -> None:
     built = check(lambda x: (x.sum(0), x.sum(1)), rand((6, 10), seed=13))
     assert len(built.kernels) == 2

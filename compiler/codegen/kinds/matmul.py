@@ -209,9 +209,14 @@ class MatmulKind(KernelKind):
                            position, anchors=[node], dtype=m.dtype)
 
     def joined(self, group: KernelGroup, node: fx.Node, reads: Reads) -> tuple[str, Domain] | None:
-        """A value of the output's element count that reads the matmul's result."""
+        """A value of the output's element count that reads the matmul's result or an
+        epilogue member (every member is computed from the result, at its element:
+        `can_fuse` follows the reads through them). A tanh-GELU's `x * (1 + tanh(...))`
+        reads the stored tanh, not the result."""
         dom = group.domain
-        if math.prod(meta(node).shape) != math.prod(dom.shape) or group.anchors[0] not in reads.deps:
+        if math.prod(meta(node).shape) != math.prod(dom.shape):
+            return None
+        if group.anchors[0] not in reads.deps and not reads.deps.intersection(group.members):
             return None
         return self.group_kind, dom
 
