@@ -351,10 +351,9 @@ class PlanRunner:
         `args` is the forward's boxed list (the graph clears it)."""
         inputs = list(args) if self.mutated else args
         outs = self.forward(args)
-        if self.mutated:
+        if self.mutated:  # one launch for all (resnet18's 60 BatchNorm statistics: 60 copies)
             with torch.no_grad():
-                for i, value in zip(self.mutated, outs[:self._user_from], strict=True):
-                    inputs[i].copy_(value)
+                torch._foreach_copy_([inputs[i] for i in self.mutated], list(outs[:self._user_from]))
         if not self.unsafe_views:
             return tuple(outs[self._user_from:self._saved_from]), outs[self._saved_from:]
         returned = list(outs[self._user_from:self._saved_from])

@@ -65,3 +65,20 @@ def test_scatter_style_backward_ops() -> None:
         return (torch.slice_scatter(base, src, 1, 1, 7, 2), torch.select_scatter(base, src[:, 0], 1, 3))
 
     check(fn, rand((4, 8), seed=6), rand((4, 3), seed=7))
+
+
+def test_heads_read_through_a_permuted_view_load_contiguous_rows() -> None:
+    """Attention's backward: q, k and v gradients in [B, S, H, D] memory, viewed as
+    [B, H, S, D], concatenated into [B * S, 3 * H * D]. In memory H and D are adjacent, so
+    each load's offset is row * H * D + column, with no `// D` and `% D` left in it (which
+    hid the contiguity from Triton)."""
+    b, s, h, d = 2, 8, 3, 4
+
+    def qkv_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t.permute(0, 2, 1, 3).reshape(b * s, h * d) for t in (q, k, v)], 1)
+
+    grads = [rand((b, s, h, d), seed=i).permute(0, 2, 1, 3) for i in range(3)]
+    built = check(qkv_grad, *grads)
+    loads = [line for line in built.kernels[0].source.splitlines() if "tl.load(" in line]
+    assert len(loads) == 3
+    assert not any("//" in line or "%" in line for line in loads), loads

@@ -631,6 +631,13 @@ def test_a_convnet_trains_channels_last_end_to_end(kiln_warnings, monkeypatch):
         saved = [p.meta["val"] for p in backward.graph.find_nodes(op="placeholder")]
         rewrites.append(any(v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last)
                             and not v.is_contiguous() for v in saved))
+        # the backward's convolutions read the forward's channels-last copies of the input
+        # and the weights (saved), not the row-major originals they would convert again
+        convs = backward.graph.find_nodes(op="call_function",
+                                          target=torch.ops.aten.convolution_backward.default)
+        rewrites.append(bool(convs) and all(
+            n.args[k].meta["val"].is_contiguous(memory_format=torch.channels_last)
+            for n in convs for k in (1, 2)))
         return changed
 
     monkeypatch.setattr(training_layout, "channels_last_training", spy)
@@ -658,7 +665,7 @@ def test_a_convnet_trains_channels_last_end_to_end(kiln_warnings, monkeypatch):
     want.float().sin().mean().backward()
     got = torch.compile(model, backend="kiln")(x)
     got.float().sin().mean().backward()
-    assert rewrites == [True, True]
+    assert rewrites == [True, True, True]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
