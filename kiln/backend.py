@@ -23,7 +23,7 @@ import torch
 
 import compiler
 from kiln import config as kiln_config
-from kiln import degrade, plans, session, warmup
+from kiln import degrade, mutations, plans, session, warmup
 from kiln.compiled import CompiledGraph, PerShapeGraph, has_symbolic_sizes
 from kiln.gc_pause import gc_paused
 
@@ -150,7 +150,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         degrade.warn_once("dynamic_shapes")
         return PerShapeGraph(gm, functools.partial(_specialise, current=current, kind=kind,
                                                    tag=tag))
-    return current.compile_static(gm, list(example_inputs), kind, tag, recorder)
+    compiled = current.compile_static(gm, list(example_inputs), kind, tag, recorder)
+    return compiled if kind == "backward" else mutations.wrapped(compiled, example_inputs)
 
 
 class _Partition:
