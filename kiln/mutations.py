@@ -5,7 +5,7 @@ first, and AOTAutograd's runtime copies each into its input after the call: one 
 one launch and a few microseconds of host time each, outside any CUDA graph (resnet18's
 training step: 60 of them, and the GPU waited for the host between them on an H200).
 `InPlaceMutations` wraps the compiled forward: it writes the new values into their inputs
-with one `_foreach_copy_` and returns the inputs themselves in their place, so that the
+with one `_foreach_copy_` per dtype (`plans.write_back`) and returns the inputs themselves in their place, so that the
 runtime's copies are copies of a tensor onto itself, which ATen skips. A plan's runner
 does the same for the graphs it runs (`kiln.plans`).
 
@@ -35,8 +35,7 @@ class InPlaceMutations:
     def __call__(self, args: list[Any]) -> Any:
         targets = [args[i] for i in self.mutated]  # before the boxed call clears the list
         outs = self.graph(args)
-        with torch.no_grad():
-            torch._foreach_copy_(targets, list(outs[:len(targets)]))
+        plans.write_back(targets, outs[:len(targets)])
         updated = [*targets, *outs[len(targets):]]
         return updated if isinstance(outs, list) else tuple(updated)
 

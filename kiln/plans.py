@@ -351,9 +351,8 @@ class PlanRunner:
         `args` is the forward's boxed list (the graph clears it)."""
         inputs = list(args) if self.mutated else args
         outs = self.forward(args)
-        if self.mutated:  # one launch for all (resnet18's 60 BatchNorm statistics: 60 copies)
-            with torch.no_grad():
-                torch._foreach_copy_([inputs[i] for i in self.mutated], list(outs[:self._user_from]))
+        if self.mutated:
+            write_back([inputs[i] for i in self.mutated], outs[:self._user_from])
         if not self.unsafe_views:
             return tuple(outs[self._user_from:self._saved_from]), outs[self._saved_from:]
         returned = list(outs[self._user_from:self._saved_from])
@@ -379,6 +378,21 @@ class PlanRunner:
                                            device=grad.device).copy_(grad)
             laid.append(grad)
         return laid
+
+
+def write_back(targets: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+    """Each of `values` copied into its target (mutated inputs' new values): one
+    `_foreach_copy_` per dtype and device, since a list that mixes them (BatchNorm's bf16
+    statistics and int64 batch counts) takes the per-tensor path, a launch each (resnet18:
+    60)."""
+    groups: dict[tuple[Any, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for target, value in zip(targets, values, strict=True):
+        dst, src = groups.setdefault((target.dtype, value.dtype, target.device), ([], []))
+        dst.append(target)
+        src.append(value)
+    with torch.no_grad():
+        for dst, src in groups.values():
+            torch._foreach_copy_(dst, src)
 
 
 def _same_layout(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
