@@ -84,9 +84,9 @@ class Ahead:
         finally:
             self._inputs = []
             self.converted.set()
+            if self.recorder is not None:  # after the service answered, as for any graph,
+                self.recorder.converted()  # and before `done`: a runner waits for the plan
             self.done.set()
-            if self.recorder is not None:  # after the service answered, as for any graph
-                self.recorder.converted()
 
 
 class Aheads:
@@ -161,6 +161,23 @@ class Aheads:
             self.resolver.settle(entry, ahead.answer)
             return True
         return False
+
+    def of(self, entry: CompiledGraph | None) -> Ahead | None:
+        """The backward being resolved ahead as `entry`, if any."""
+        with self._lock:
+            return next((a for a in self._waiting if a.entry is entry), None)
+
+    def claim(self, ahead: Ahead) -> CompiledGraph:
+        """`ahead`'s own entry, settled, for a caller that runs it without AOTAutograd's
+        backward compiler (a plan's runner made from the graphs AOTAutograd just compiled,
+        `Session.planned_now`): what `take` gives another entry, given to it."""
+        ahead.done.wait()
+        with self._lock:
+            if ahead in self._waiting:
+                self._waiting.remove(ahead)
+        degrade.count("backwards_ahead")
+        self.resolver.settle(ahead.entry, ahead.answer)
+        return ahead.entry
 
     def clear(self) -> None:
         with self._lock:

@@ -92,7 +92,7 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                                partition_fn=partition,
                                decompositions=compiler.decompositions())
         with degrade.timed("aot"), gc_paused():  # AOTAutograd's trace and the forward's compile
-            return backend(gm, example_inputs)
+            compiled = backend(gm, example_inputs)
     except RestartAnalysis:
         raise  # dynamo's own control flow, not a failure
     except Exception as exc:  # degrade to eager, never break the job
@@ -100,6 +100,7 @@ def remote_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         log.debug("kiln: AOTAutograd failed", exc_info=True)
         degrade.count("eager")
         return gm
+    return compiled if recorder is None else current.planned_now(recorder, compiled)
 
 
 def _model_name() -> str | None:

@@ -236,6 +236,7 @@ class Recorder:
         self.facts: Facts | None = None  # none: no plan
         self.forward: CompiledGraph | None = None
         self.backward: CompiledGraph | None = None
+        self.plan: Plan | None = None  # once published
         self._done = False
 
     def forward_compiling(self, entry: CompiledGraph) -> None:
@@ -279,7 +280,14 @@ class Recorder:
         except PlanError as exc:
             log.debug("kiln: no plan for %s: %s", self.key[:12], exc)
             return
+        self.plan = plan
         self._publish(plan)
+
+    def plan_now(self) -> Plan | None:
+        """The plan, made now if both graphs are converted and it was not yet; None when
+        there is none (not plannable, a graph not converted)."""
+        self.converted()
+        return self.plan
 
 
 # ---- running a plan ---------------------------------------------------------------------

@@ -64,6 +64,7 @@ def report() -> str:
     if kernels:
         lines.append(f"  kernels: {kernels}")
     plans = _parts((stats.get("plans_used", 0), "used (AOTAutograd skipped)"),
+                   (stats.get("plans_now", 0), "run from the first step (AOTAutograd's runtime skipped)"),
                    (stats.get("plans_sent", 0), "sent to the service"))
     if plans:
         lines.append(f"  plans: {plans}")

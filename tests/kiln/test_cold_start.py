@@ -104,9 +104,11 @@ def _aheads_waiting() -> int:
     return sum(len(s.aheads) for s in session.sessions())
 
 
-def _trains_like_eager(steps: int) -> None:
-    """Train the seed MLP with kiln (no service) and check its losses against eager's."""
-    kiln.configure(url=None)
+def _trains_like_eager(steps: int, plans: bool = False) -> None:
+    """Train the seed MLP with kiln (no service) and check its losses against eager's.
+    Without `plans`, AOTAutograd's runtime runs the step and its backward compiler takes
+    the backward compiled ahead; with, the plan recorded on the way runs it at once."""
+    kiln.configure(url=None, plans=plans)
     want = train_mlp(steps=steps, backend=None)
     got = train_mlp(steps=steps)
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
@@ -140,6 +142,30 @@ def test_the_backward_compiled_ahead_is_taken_by_the_backward_compiler(monkeypat
     # The backward compiler's graph is a copy of the partitioner's with the same
     # fingerprint: it takes the ahead conversion too instead of converting again.
     assert sorted(converted) == ["backward", "forward"]
+
+
+def test_the_first_step_runs_its_recorded_plan_with_the_backward_compiled_ahead(monkeypatch) -> None:
+    """The plan recorded while AOTAutograd compiled runs the step from the first call on,
+    over the same compiled graphs: the forward AOTAutograd compiled and the backward
+    compiled ahead (claimed, not compiled again), without AOTAutograd's runtime."""
+    monkeypatch.setattr(ahead, "ON_CPU", True)
+    converted = _count_conversions(monkeypatch)
+    _trains_like_eager(steps=3, plans=True)
+    stats = kiln.stats()
+    assert stats["plans_now"] == 1 and stats["backwards_ahead"] == 1
+    assert stats["builds"] == 2 and stats["eager"] == 0
+    assert sorted(converted) == ["backward", "forward"]
+    assert {g.kind: g.level for g in session.compiled_graphs()} == {
+        "forward": "heuristic", "backward": "heuristic"}
+    assert not _aheads_waiting()
+
+
+def test_without_a_backward_compiled_ahead_the_first_step_runs_through_aotautograd() -> None:
+    """On the CPU no backward is compiled ahead (the interpreter is not thread-safe): the
+    plan is recorded for the next process and this one runs AOTAutograd's runtime."""
+    _trains_like_eager(steps=2, plans=True)
+    stats = kiln.stats()
+    assert stats.get("plans_now", 0) == 0 and stats["builds"] == 2 and stats["eager"] == 0
 
 
 def test_a_backward_whose_fingerprint_differs_is_converted_and_matched_by_key(monkeypatch) -> None:
