@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kiln-installed
 TORCH_PIN ?= torch==2.13.0
 PYTEST_WORKERS ?= auto
 
-.PHONY: install serve test lint browser clean
+.PHONY: install serve test lint browser screenshots clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ browser:
 # restarts). Another port: `make serve PORT=8001` (or `KILN_PORT=8001 make serve`).
 serve: install
 	$(VENV)/bin/kiln serve $(if $(PORT),--port $(PORT))
+
+# The README's dashboard screenshots from a real run (a fresh `kiln serve`, the examples).
+screenshots: install browser
+	$(PY) scripts/screenshots.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,5 @@
-"""The BENCH.md cases as traceable modules with their inputs, at full size or shrunk for the CPU.
+"""The kernel suite's cases (docs/benchmarks.md) as traceable modules with their inputs, at
+full size or shrunk for the CPU.
 
 The one definition of the suite's models and inputs: `python -m bench.coverage` and
 `python -m bench.gpu_check` use it directly, `python -m bench.suite` (the full benchmark)
@@ -96,7 +97,7 @@ def _fn_module(fn: Callable[..., torch.Tensor]) -> nn.Module:
 
 @dataclass(frozen=True)
 class BenchCase:
-    """One BENCH.md case: a module, its inputs, whether it is memory-bound, and whether
+    """One kernel suite case: a module, its inputs, whether it is memory-bound, and whether
     the backward pass is part of it."""
 
     name: str
@@ -114,7 +115,7 @@ _LN = {"full": {"m": 8192, "d": 4096}, "small": {"m": 512, "d": 256}, "tiny": {"
 _GPT = {"full": {"b": 8, "s": 1024, "d": 1024, "h": 16}, "small": {"b": 2, "s": 64, "d": 64, "h": 4},
         "tiny": {"b": 1, "s": 16, "d": 32, "h": 2}}
 
-# Case -> scale -> sizes. "full": BENCH.md's GPU shapes; "small": about 1/16 of them, for the
+# Case -> scale -> sizes. "full": the suite's GPU shapes; "small": about 1/16 of them, for the
 # interpreter (`bench.coverage`, `bench.gpu_check --small`); "tiny": smaller still, for
 # `python -m bench.suite --device cpu`, which builds and runs every tuning candidate.
 DIMS: dict[str, dict[str, dict[str, int]]] = {

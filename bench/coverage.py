@@ -1,4 +1,4 @@
-"""Op coverage: `python -m bench.coverage` prints, for the test corpus and the BENCH.md
+"""Op coverage: `python -m bench.coverage` prints, for the test corpus and the kernel
 suite (small shapes), how many aten nodes ran in Triton kernels and how many as ATen calls,
 by op. It counts what lowering decides; a schedule may still run a big matmul kernel as
 its `aten` variant (cuBLAS, with the fused epilogue as a Triton kernel) on a GPU target.

@@ -1,6 +1,6 @@
 """The whole service flow on one GPU box: serve, tune, fetch, run — on the public model set.
 
-    python -m bench.flow                       # every model, BENCH.md sizes, on cuda
+    python -m bench.flow                       # every model, full sizes, on cuda
     python -m bench.flow --models gpt2 --out /tmp/flow_gpt2.json
     TRITON_INTERPRET=1 python -m bench.flow --device cpu --small --models gpt_block_train
 

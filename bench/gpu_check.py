@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_check`: BENCH.md cases built with heuristic schedules, checked
+"""`python -m bench.gpu_check`: the kernel suite's cases built with heuristic schedules, checked
 against eager, and timed (eager / Inductor default / kiln heuristic) with do_bench.
 
 A quick correctness and heuristic-speed check of the compiler; the full benchmark is

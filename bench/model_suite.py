@@ -1,4 +1,4 @@
-"""The model benchmark (BENCH.md's model suite): eager, Inductor and kiln on real models.
+"""The model benchmark (docs/benchmarks.md's model suite): eager, Inductor and kiln on real models.
 
     python -m bench.model_suite                         # every model and path, on cuda
     python -m bench.model_suite --models gpt2 --paths eager,kiln_heuristic

@@ -1,9 +1,9 @@
-"""The public model set (BENCH.md's model suite): real models no one here wrote, with random
-weights and inputs, each as an inference step and a training step.
+"""The public model set (docs/benchmarks.md's model suite): real models no one here wrote,
+with random weights and inputs, each as an inference step and a training step.
 
 A `ModelCase` makes its module and inputs on a device and says how to run one step on
-them; the loss of a training step is `out.float().sin().mean()` (BENCH.md: a loss of
-squares after a final norm is invariant and its gradients are noise). Hugging Face
+them; the loss of a training step is `out.float().sin().mean()` (a loss of squares after a
+final norm is invariant and its gradients are noise). Hugging Face
 `transformers` and `timm` are imported only by the cases that need them. The suite's
 default set: gpt2, resnet18, gpt_block_train, `vit_b16` (timm ViT-B/16, b32 at 224 px) and
 `convnext_tiny` (timm ConvNeXt-T, b32 at 224 px: depthwise 7x7 convolutions, LayerNorm over
@@ -107,7 +107,7 @@ def instantiate(model: str, device: torch.device, small: bool
 
 
 def loss_of(out: torch.Tensor) -> torch.Tensor:
-    """BENCH.md's training loss."""
+    """The model suite's training loss (docs/benchmarks.md)."""
     return out.float().sin().mean()
 
 

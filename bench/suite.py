@@ -1,4 +1,5 @@
-"""`python -m bench.suite`: the BENCH.md suite, eager vs Inductor vs kiln, one table last.
+"""`python -m bench.suite`: the kernel suite (docs/benchmarks.md), eager vs Inductor vs kiln,
+one table last.
 
 Per case and path: correctness against eager first (a wrong path gets no time), then the
 median ms (do_bench, L2 flushed), the time from a cold start to the first compiled call,

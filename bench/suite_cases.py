@@ -1,5 +1,5 @@
-"""The BENCH.md suite for `python -m bench.suite`: nine cases, at the GPU shape or the tiny
-CPU shape.
+"""The kernel suite (docs/benchmarks.md) for `python -m bench.suite`: nine cases, at the GPU
+shape or the tiny CPU shape.
 
 The models and inputs are `bench.cases`' (the one definition the coverage count and
 the GPU check use too); this module adds what only the benchmark needs: a kind

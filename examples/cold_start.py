@@ -26,7 +26,7 @@ that, an environment that cannot keep bytecode (the H200 test machine's sets
 PYTHONDONTWRITEBYTECODE) recompiles every imported module in every process, 5-10 s per
 process there, which swamps what is measured.
 
-    python examples/cold_start.py --out cold_start.json            # BENCH.md gpt_block
+    python examples/cold_start.py --out cold_start.json            # the kernel suite's gpt_block
     TRITON_INTERPRET=1 python examples/cold_start.py --device cpu --d 32 --heads 2 \\
         --batch 2 --seq 8 --dtype float32 --cases eager,kiln_populate,kiln_hit   # smoke test
 """

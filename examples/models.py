@@ -1,9 +1,9 @@
 """Models used by the examples (and by the client tests): the seed MLP
-(`bench.cases.SeedMLP`) and a small GPT built from BENCH.md's gpt_block
-(`bench.cases.GPTBlock`).
+(`bench.cases.SeedMLP`) and a small GPT built from the kernel suite's gpt_block
+(`bench.cases.GPTBlock`, docs/benchmarks.md).
 
 Deterministic given a seed; sizes are arguments so the CPU tests (Triton interpreter) can
-keep them tiny while the GPU benchmark uses BENCH.md's gpt_block shapes.
+keep them tiny while the GPU benchmark uses the suite's gpt_block shapes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# BENCH.md's gpt_block and the seed MLP, as the benchmarks and the compiler's corpus define them.
+# The kernel suite's gpt_block and the seed MLP, as the benchmarks and the compiler's corpus
+# define them.
 from bench.cases import GPTBlock as Block
 from bench.cases import SeedMLP
 

@@ -1,5 +1,6 @@
-"""Where a training step's GPU time goes: the top kernels of a few steps of BENCH.md's
-gpt_block (forward + backward), eager or through kiln (`KILN_URL=off`: heuristic builds).
+"""Where a training step's GPU time goes: the top kernels of a few steps of the kernel
+suite's gpt_block (docs/benchmarks.md; forward + backward), eager or through kiln
+(`KILN_URL=off`: heuristic builds).
 
     python3 examples/profile_step.py --backend kiln --out kiln_kernels.txt
 """

@@ -1,4 +1,4 @@
-"""Compiled kernels from the service (DESIGN.md section 5): a client on a fresh machine
+"""Compiled kernels from the service (docs/client.md, same title): a client on a fresh machine
 loads the binaries a worker compiled instead of compiling them.
 
 `Built.precompile` asks Triton's JIT, per distinct launch, what it would compile, and that

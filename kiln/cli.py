@@ -13,6 +13,8 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -144,11 +146,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit("kiln serve: --workers > 1 needs KILN_REDIS_URL (the processes share "
                          "its queue) and no --worker; run `kiln worker` processes instead")
     check_port_free(settings.host, settings.port)
-    if settings.database_url.startswith("sqlite"):
-        from service.migrate import upgrade
-
-        upgrade(settings.database_url)  # embedded default: the SQLite file needs no setup step
-    _require_migrated(settings.database_url)
+    with _alembic_quiet(args.log_level):
+        if settings.database_url.startswith("sqlite"):
+            _upgrade_embedded(settings.database_url)
+        _require_migrated(settings.database_url)
     settings, login = _admin_token(settings)
     gpus = _serve_gpus(args.gpus, settings.redis_url is None, args.workers)
     if embedded:
@@ -201,6 +202,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0 if server.started else 3  # uvicorn's exit status for a failed start
+
+
+@contextmanager
+def _alembic_quiet(log_level: str) -> Iterator[None]:
+    """Alembic's INFO lines (its dialect on every start, each migration's description on
+    the first: two dozen lines before the banner) kept for `--log-level debug`."""
+    alembic = logging.getLogger("alembic")
+    level = alembic.level
+    if log_level != "debug":
+        alembic.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        alembic.setLevel(level)
+
+
+def _upgrade_embedded(url: str) -> None:
+    """Migrate the embedded default's SQLite database (it needs no setup step), in one line
+    when a migration ran."""
+    from service.migrate import current_revision, upgrade
+
+    before = current_revision(url)
+    upgrade(url)
+    after = current_revision(url)
+    if after != before:
+        done = "created" if before is None else f"upgraded from revision {before}"
+        print(f"kiln: database {_where(url)} {done}, now at revision {after}", flush=True)
 
 
 def _print_banner(settings: Any, login: str) -> None:

@@ -8,6 +8,10 @@ lines go to the application's handlers, and never twice. Unset, the level stays 
 default (warnings), except for the lines of a long wait on the service (`kiln.progress`,
 INFO): a first step blocked for up to two minutes without a word looks like a hang.
 `KILN_LOG_LEVEL=warning` silences those too. Read once, when `kiln` is imported.
+
+torch's `TORCH_LOGS=+kiln` (or `kiln`, `-kiln`) sets these loggers too, after this module
+did (torch imports `kiln` to find its submodules), and gives them torch's handler, which
+this module's then leaves the lines to.
 """
 
 from __future__ import annotations

@@ -23,9 +23,21 @@ def graph_name(entry: Any) -> str:
     return f"{entry.kind} graph{tag} ({(entry.key or '?')[:12]})"
 
 
+def tuned_by_service(entry: Any) -> bool:
+    """Whether the service may tune `entry`'s schedule: a CPU graph's it builds and checks
+    on the Triton interpreter, never tunes (its times say nothing about speed)."""
+    return entry.target is None or entry.target.device_type != "cpu"
+
+
 def waiting(entry: Any, waited: float, wait_timeout: float) -> None:
-    """The wait for `entry`'s tuned schedule has lasted `waited` seconds and goes on."""
+    """The wait for `entry`'s schedule (tuned, unless `tuned_by_service` says none comes)
+    has lasted `waited` seconds and goes on."""
     left = max(0.0, wait_timeout - waited)
+    if not tuned_by_service(entry):
+        log.info("kiln: waiting for the service to build the %s, up to %.0f s more (graphs "
+                 "for the CPU are built there, never tuned); after that it is built here from "
+                 "the heuristic schedule", graph_name(entry), left)
+        return
     log.info("kiln: waiting for the service's tuned schedule of the %s, up to %.0f s more; "
              "after that it starts with the best schedule at hand and the tuned one is "
              "swapped in when it lands", graph_name(entry), left)
@@ -48,6 +60,9 @@ def waited(entry: Any, answer: Any, seconds: float) -> None:
     elif entry.final and has_schedule:
         log.info("kiln: got the heuristic schedule of the %s after %.1f s (the service has "
                  "no tuned one coming)", name, seconds)
+    elif not tuned_by_service(entry):
+        log.info("kiln: gave up waiting for the service to build the %s after %.1f s; "
+                 "starting with a heuristic schedule built here", name, seconds)
     else:
         start = "the service's heuristic schedule" if has_schedule else \
             "a heuristic schedule built here"

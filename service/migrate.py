@@ -33,22 +33,29 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-def pending(url: str) -> str | None:
-    """None when the database is at the latest revision, else a sentence saying what to do."""
+def current_revision(url: str) -> str | None:
+    """The revision the database at `url` is at; None before any migration ran."""
     from alembic.migration import MigrationContext
-    from alembic.script import ScriptDirectory
     from sqlalchemy import create_engine
-    from sqlalchemy.exc import OperationalError
 
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            current = MigrationContext.configure(conn).get_current_revision()
-    except OperationalError as exc:
-        return f"cannot reach the database: {exc.orig}"
+            return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+def pending(url: str) -> str | None:
+    """None when the database is at the latest revision, else a sentence saying what to do."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.exc import OperationalError
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    try:
+        current = current_revision(url)
+    except OperationalError as exc:
+        return f"cannot reach the database: {exc.orig}"
     if current == head:
         return None
     return (f"the database is at revision {current or 'none'}, not {head}: "

@@ -88,12 +88,14 @@ class Worker:
         self.processed = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def run(self) -> None:
-        """Serve jobs until stop() (or a signal) asks to stop; the job in hand is finished."""
+    def run(self, announce: bool = True) -> None:
+        """Serve jobs until stop() (or a signal) asks to stop; the job in hand is finished.
+        `announce`: log the streams it serves (a thread's starter says so itself)."""
         self._register()
         beat = threading.Thread(target=self._heartbeat, name=f"kiln-heartbeat-{self.id}", daemon=True)
         beat.start()
-        log.info("worker %s serving %s", self.id, ", ".join(self.streams))
+        log.log(logging.INFO if announce else logging.DEBUG, "worker %s serving %s", self.id,
+                ", ".join(self.streams))
         try:
             while not self._stop.is_set():
                 try:
@@ -118,8 +120,11 @@ class Worker:
             self._unregister()
 
     def start_thread(self) -> threading.Thread:
-        """Run in a daemon thread (the embedded worker of `kiln serve`, tests)."""
-        self._thread = threading.Thread(target=self.run, name=f"kiln-worker-{self.id}", daemon=True)
+        """Run in a daemon thread (the embedded worker of `kiln serve`, tests), which does
+        not log the streams it serves: `kiln serve` does, before its start banner, and a
+        line from the thread would come after it."""
+        self._thread = threading.Thread(target=self.run, kwargs={"announce": False},
+                                        name=f"kiln-worker-{self.id}", daemon=True)
         self._thread.start()
         return self._thread
 

@@ -4,8 +4,8 @@ Each kernel kind (`compiler.codegen.kinds`) owns its space: the product of a few
 per-parameter domains, clipped to the kernel's sizes, and its pruning: a point that
 cannot fit the target (shared memory, registers, threads per block) is dropped here with
 a reason, so no compile is spent on it (Triton's autotuner only learns this after
-compiling, and BENCH.md records Inductor's max-autotune losing minutes that way). A
-kernel's space is the union over the kinds that can compute its group. The target's
+compiling, one reason Inductor's max-autotune takes minutes per model: docs/benchmarks.md).
+A kernel's space is the union over the kinds that can compute its group. The target's
 limits are `compiler.codegen.limits`'s, the table the heuristic fits its configs to.
 """
 

@@ -1,4 +1,5 @@
-"""Timing per BENCH.md: warm-up, L2 flushed, CUDA events, median of many, a noise band.
+"""Timing as docs/benchmarks.md's "How" says: warm-up, L2 flushed, CUDA events, median of
+many, a noise band.
 
 On a GPU `triton.testing.do_bench` does the work (it flushes L2 between repeats and times
 each with CUDA events). On the CPU, kernels run in the Triton interpreter: the clock is

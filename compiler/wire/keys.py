@@ -1,4 +1,4 @@
-"""Graph hashes, compile targets and tuning keys (DESIGN.md section 4).
+"""Graph hashes, compile targets and tuning keys (docs/wire-format.md, "Keys").
 
 `graph_hash` is sha256 over the canonical JSON of a validated graph (names are already
 positional, keys sorted), so the same computation traced anywhere hashes the same.

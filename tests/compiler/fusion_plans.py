@@ -1,4 +1,4 @@
-"""Fusion plans of the corpus and the BENCH.md suite as JSON, to compare a refactor against.
+"""Fusion plans of the corpus and the kernel suite as JSON, to compare a refactor against.
 
 `python -m tests.compiler.fusion_plans --out before.json` before a change to fusion or code
 generation, `--out after.json --compare before.json` after: it exits 1 and names every graph
@@ -25,7 +25,7 @@ from compiler.lowering.fusion import classify
 
 
 def graphs() -> Iterator[tuple[str, fx.GraphModule, list[Any]]]:
-    """Every corpus graph and every BENCH.md case at its tiny and small sizes."""
+    """Every corpus graph and every kernel suite case at its tiny and small sizes."""
     from bench.cases import traced_graphs
     from tests.corpus import corpus
     for case in corpus():

@@ -1,6 +1,6 @@
 """`python -m tests.compiler.host_path_bench [--scale full] [--cases gpt_block_train]`: host
-time of one call of each aten graph of BENCH cases (training: forward and backward), per
-way of running it (issue 13's host path):
+time of one call of each aten graph of the kernel suite's cases (training: forward and
+backward), per way of running it (issue 13's host path):
 
 - `steps`: the step-by-step loop (`Built._run`, what every call ran before the launcher),
   kernels through Triton's JIT;

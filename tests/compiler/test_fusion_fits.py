@@ -1,6 +1,6 @@
 """Fusion decides joins from metadata, without generating kernels (each kernel kind's
 `can_fuse`, over the op rules' declared reads): on every join attempt of the corpus and the
-BENCH cases, each kind's answer is the one generating the grown kernel in that kind's
+kernel suite's cases, each kind's answer is the one generating the grown kernel in that kind's
 variants gives (a NotFusible or not)."""
 
 from __future__ import annotations

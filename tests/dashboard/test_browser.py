@@ -1,13 +1,11 @@
 """The dashboard in a real headless browser (Debian's chromium driven by Playwright) over a
 live service whose entry was built and tuned by the real workers and tuner on the CPU.
-
-Set KILN_UPDATE_SCREENSHOTS=1 to refresh docs/screenshots/{overview,entry}.png from this run.
+(The README's screenshots come from a real `kiln serve` instead: scripts/screenshots.py.)
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,6 @@ from tests.dashboard.live import CHROMIUM, CHROMIUM_ARGS, LiveService
 
 pytestmark = [pytest.mark.browser, pytest.mark.services]
 
-REPO = Path(__file__).resolve().parents[2]
 TUNE_TRIALS = 6
 
 
@@ -176,5 +173,3 @@ def test_operator_logs_in_inspects_a_tuned_entry_and_invalidates_it(live, browse
 
     for name in ("overview.png", "entry.png"):
         assert (tmp_path / name).stat().st_size > 20_000  # a rendered page, not a blank one
-        if os.environ.get("KILN_UPDATE_SCREENSHOTS"):
-            shutil.copy(tmp_path / name, REPO / "docs" / "screenshots" / name)

@@ -286,6 +286,7 @@ def test_a_long_wait_on_the_service_says_which_graph_for_how_long_and_what_it_go
     key), the most it may still last and what happens then, and one when the tuned
     schedule lands."""
     monkeypatch.setattr(progress, "NOTICE_S", 0.1)
+    monkeypatch.setattr(progress, "tuned_by_service", lambda entry: True)  # as a GPU graph's
     caplog.set_level(logging.INFO, logger="kiln")
     with FakeServer(TunedLater(pending_polls=12)) as srv:
         kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=30)
@@ -304,6 +305,7 @@ def test_a_long_wait_on_the_service_says_which_graph_for_how_long_and_what_it_go
 def test_a_wait_that_times_out_says_it_gave_up_and_what_the_graph_starts_with(
         monkeypatch, caplog, kiln_warnings):
     monkeypatch.setattr(progress, "NOTICE_S", 0.1)
+    monkeypatch.setattr(progress, "tuned_by_service", lambda entry: True)  # as a GPU graph's
     caplog.set_level(logging.INFO, logger="kiln")
     with FakeServer(TunedLater(pending_polls=1000)) as srv:
         kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=0.5)
@@ -317,6 +319,27 @@ def test_a_wait_that_times_out_says_it_gave_up_and_what_the_graph_starts_with(
                             "is swapped in when it lands")
     assert (graph.level, graph.origin) == ("heuristic", "local")
     assert causes(kiln_warnings) == {"wait_timeout": 1}
+
+
+def test_a_cpu_graphs_wait_is_for_its_build_and_promises_no_tuned_schedule(
+        monkeypatch, caplog, kiln_warnings):
+    """The service builds a CPU graph and never tunes it: its wait lines say so (what
+    `make serve` on a machine without a GPU gives every graph)."""
+    monkeypatch.setattr(progress, "NOTICE_S", 0.1)
+    caplog.set_level(logging.INFO, logger="kiln")
+    with FakeServer(TunedLater(pending_polls=1000)) as srv:
+        kiln.configure(url=srv.url, mode="wait", poll_interval=0.05, wait_timeout=0.5)
+        _, _, _, graph = _first_call()
+        session.shutdown()
+    name = f"inference graph 'SeedMLP inference' ({graph.key[:12]})"
+    waiting, gave_up = _progress_lines(caplog)
+    assert waiting == (f"kiln: waiting for the service to build the {name}, up to 0 s more "
+                       "(graphs for the CPU are built there, never tuned); after that it is "
+                       "built here from the heuristic schedule")
+    assert gave_up.startswith(f"kiln: gave up waiting for the service to build the {name} "
+                              "after ")
+    assert gave_up.endswith("; starting with a heuristic schedule built here")
+    assert (graph.level, graph.origin) == ("heuristic", "local")
 
 
 def test_a_short_wait_on_the_service_logs_nothing(caplog, kiln_warnings):

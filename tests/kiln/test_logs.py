@@ -23,11 +23,14 @@ logging.getLogger("kiln.progress").info("kiln: a progress line")
 """
 
 
-def _stderr(level: str | None, code: str = LINES) -> str:
+def _stderr(level: str | None, code: str = LINES, torch_logs: str | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env.pop("TORCH_LOGS", None)
     env["PYTHONPATH"] = str(ROOT)
     if level is not None:
         env["KILN_LOG_LEVEL"] = level
+    if torch_logs is not None:
+        env["TORCH_LOGS"] = torch_logs
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -62,3 +65,21 @@ def test_an_application_that_configured_logging_gets_each_line_once_through_its_
     assert _stderr("info", code).splitlines() == [
         "app kiln kiln: an info line", "app kiln kiln: a warning line",
         "app kiln.progress kiln: a progress line"]
+
+
+@pytest.mark.parametrize(("torch_logs", "level", "first", "shown"), [
+    ("+kiln", None, "torch", ["a debug line", "an info line", "a warning line",
+                              "a progress line"]),
+    ("+kiln", None, "kiln", ["a debug line", "an info line", "a warning line",
+                             "a progress line"]),
+    ("kiln", "warning", "torch", ["an info line", "a warning line", "a progress line"]),
+    ("-kiln", None, "kiln", []),
+])
+def test_torch_logs_sets_the_kiln_loggers_as_it_sets_torchs_own(torch_logs, level, first, shown):
+    """torch's `TORCH_LOGS` takes any module's name: `+kiln` is debug, `kiln` info (over
+    KILN_LOG_LEVEL), `-kiln` errors only, whichever of torch and kiln is imported first;
+    each line once, through torch's handler (its `V1204 13:18:27.42 123 file:5] ` prefix)."""
+    imports = "import torch\n" + LINES if first == "torch" else LINES.replace(
+        "import logging, kiln", "import logging, kiln, torch")
+    lines = _stderr(level, imports, torch_logs).splitlines()
+    assert [line.split("] ", 1)[1].removeprefix("kiln: ") for line in lines] == shown

@@ -1,4 +1,4 @@
-"""Compiled kernels from the service (DESIGN.md section 5, issue 14): the CPU worker's
+"""Compiled kernels from the service (docs/client.md, same title; issue 14): the CPU worker's
 target compile stores each distinct kernel's binary under the Triton cache key a client's
 JIT computes; a fresh client fetches them, checks them, writes them into its Triton cache
 and its JIT loads them without compiling; a tampered binary is refused and compiled there."""

@@ -1,5 +1,5 @@
 """`kiln serve` on a busy port fails before it registers anything; the embedded default
-keeps its admin token across restarts and prints where the dashboard is."""
+keeps its admin token across restarts and ends its start with where the dashboard is."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, inspect, text
 
+from service.migrate import current_revision
 from tests.service.helpers import Proc, free_port, service_env, start_api, wait_for
 
 
@@ -54,10 +55,16 @@ def test_admin_token_survives_a_restart_and_the_dashboard_url_is_printed(tmp_pat
                                headers={"Authorization": f"Bearer {token}"})
             assert answer.status_code == 200
             tokens.append(token)
-            logs.append(log)
+            logs.append(proc.log())  # a moment after the banner: nothing came after it
+            assert logs[-1].rstrip().endswith("kiln: stop with Ctrl-C"), logs[-1]
         finally:
             proc.stop()
     assert tokens[0] == tokens[1]
+    # The new database is one line, the restart's none; Alembic's lines are left for debug.
+    head = current_revision(url)
+    assert f"kiln: database {url} created, now at revision {head}" in logs[0]
+    assert "kiln: database" not in logs[1]
+    assert "alembic" not in logs[0] + logs[1]
     assert f"log in with the new admin token (kept in {tmp_path / 'admin-token'}): " \
            f"{tokens[0]}" in logs[0]
     assert tokens[0] not in logs[1]  # a restart says where the token is, not the token

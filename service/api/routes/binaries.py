@@ -1,5 +1,5 @@
 """`GET /v1/binaries?keys=k1,k2,...`: compiled kernels by Triton cache key, for clients that
-would otherwise compile them (DESIGN.md section 5)."""
+would otherwise compile them (docs/client.md, "Compiled kernels from the service")."""
 
 from __future__ import annotations
 
