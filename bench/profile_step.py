@@ -61,13 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", default="kiln_heuristic",
                         choices=("eager", "inductor", "inductor_ro", "kiln_heuristic"))
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=12,
+                        help="steps before profiling: compiles, CUDA graph captures, swaps")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     sync = synchronizer(device)
     case, module, inputs = instantiate(args.model, device, args.small)
     step = step_fn(case, args.step, compiled(args.path, module), inputs)
-    for _ in range(3):  # first step compiles; later ones settle (CUDA graphs, swaps)
+    for _ in range(args.warmup):  # first step compiles; later ones settle (CUDA graphs, swaps)
         step()
     sync()
     header = f"# {args.model} {args.step} {args.path} on {device}, {args.iters} steps\n"

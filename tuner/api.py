@@ -30,6 +30,8 @@ Progress = Callable[[int, int, str], None]
 # A tuned whole graph slower than the heuristic one (same run, same timer) falls back to the
 # heuristic: tuning never publishes a regression.
 REGRESSION_MARGIN = 0.0
+# Halvings of a tuned graph's changes tried when the whole graph lost (`_back_off`).
+BACKOFF_ROUNDS = 4
 # Kernels under this fraction of the graph's kernel time are not worth a search.
 MIN_WEIGHT = 0.01
 
@@ -156,6 +158,42 @@ def _paired_times(
     return best(runs[0], runs[2]), heuristic
 
 
+def _with_changes(base: Any, changes: list[tuple[int, Candidate, str | None]],
+                  leaders: set[int]) -> Any:
+    """`base` with the chosen configs of the kernels whose leader is in `leaders`."""
+    from tuner.session import schedule_with
+
+    schedule = base
+    for leader, chosen, source in changes:
+        if leader in leaders:
+            schedule = schedule_with(schedule, chosen, source)
+    return replace(schedule, status="tuned")
+
+
+def _back_off(
+    runner: Any, base: Any, changes: list[tuple[int, Candidate, str | None]],
+    savings: dict[int, float], heuristic: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], Any, int] | None:
+    """When the whole tuned graph lost to the heuristic: the changes of the kernels with the
+    largest measured savings alone, half of them, then a quarter, ... (BACKOFF_ROUNDS at
+    most), each timed beside the heuristic; the first that beats it (its time, the paired
+    heuristic time, the schedule, how many kernels kept), or None. A kernel's gain measured
+    alone can turn into a loss in the graph (caches warm from its neighbours, clocks), so
+    the gains most likely to be real are kept first."""
+    ranked = sorted(savings, key=lambda i: (-savings[i], i))
+    keep = len(ranked) // 2
+    for _ in range(BACKOFF_ROUNDS):
+        if keep < 1:
+            break
+        trial = _with_changes(base, changes, set(ranked[:keep]))
+        timed, paired = _paired_times(runner, trial, base, heuristic)
+        if not timed.get("error") and timed.get("ms") is not None and paired.get("ms") \
+                and timed["ms"] < paired["ms"]:
+            return timed, paired, trial, keep
+        keep //= 2
+    return None
+
+
 def tune(
     graph: Any,
     target: Any,
@@ -206,7 +244,6 @@ def _tune_loaded(
     started: float,
 ) -> TuningResult:
     import compiler
-    from tuner.session import schedule_with
 
     # The heuristic `compiler.Schedule`; its JSON goes to the child and the search spaces.
     base_json = base.to_json()
@@ -229,7 +266,6 @@ def _tune_loaded(
         if reply.get("error"):
             errors.append(f"{label}: {reply['error']}")
     clock = BudgetClock(budget)
-    tuned = base
     searches: dict[int, KernelSearch] = {}
     pruned: dict[int, int] = {}
     # Phase 1: every distinct kernel's heuristic point, timed once: the baseline and weights.
@@ -269,6 +305,8 @@ def _tune_loaded(
         search.run(strategy)
     measurements: list[Measurement] = []
     kernel_results: list[KernelResult] = []
+    changes: list[tuple[int, Candidate, str | None]] = []  # (leader, chosen, source hash)
+    savings: dict[int, float] = {}  # per changed leader: ms its winner saved, twins included
     for i, kernel in enumerate(kernels):
         search, twin = searches[leader[i]], leader[i] != i
         if not twin:
@@ -280,8 +318,10 @@ def _tune_loaded(
         chosen = Candidate(kernel["name"], chosen.variant, chosen.config_items)
         if chosen.variant != kernel["variant"] or chosen.config != kernel["config"]:
             # a twin's source is its leader's; the final build fills (and checks) it
-            tuned = schedule_with(tuned, chosen,
-                                  winner.extra.get("source_hash") if winner else None)
+            changes.append((leader[i], chosen,
+                            winner.extra.get("source_hash") if winner else None))
+            if not twin and winner is not None:
+                savings[i] = ((search.baseline_ms() or winner.ms) - winner.ms) * copies[i]
         kernel_results.append(
             KernelResult(
                 name=kernel["name"],
@@ -299,7 +339,7 @@ def _tune_loaded(
         )
     if progress:
         progress(2 * len(leads), 2 * len(leads), "")
-    tuned = replace(tuned, status="tuned")
+    tuned = _with_changes(base, changes, {leader for leader, _, _ in changes})
     final, heuristic = _paired_times(runner, tuned, base, heuristic)
     if final.get("error") or final.get("ms") is None:
         errors.append(f"tuned schedule: {final.get('error')}; keeping the heuristic configs")
@@ -307,13 +347,17 @@ def _tune_loaded(
         tuned = base
     elif tuned.kernels != base.kernels and heuristic.get("ms") and \
             final["ms"] > heuristic["ms"] * (1 + REGRESSION_MARGIN):
-        # Kernels won in isolation but the whole graph got slower: trust the whole graph.
-        errors.append(
-            f"tuned graph {final['ms']:.4g} ms slower than heuristic {heuristic['ms']:.4g} ms; "
-            "keeping the heuristic configs"
-        )
-        final = heuristic
-        tuned = base
+        # Kernels won in isolation but the whole graph got slower: trust the whole graph,
+        # and try the largest measured gains alone before giving them all up.
+        slower = f"tuned graph {final['ms']:.4g} ms slower than heuristic {heuristic['ms']:.4g} ms"
+        backed = _back_off(runner, base, changes, savings, heuristic)
+        if backed is None:
+            errors.append(f"{slower}; keeping the heuristic configs")
+            final, tuned = heuristic, base
+        else:
+            final, heuristic, tuned, kept = backed
+            errors.append(f"{slower}; kept the {kept} largest measured gains of {len(savings)} "
+                          f"kernels: {final['ms']:.4g} ms against {heuristic['ms']:.4g} ms")
     # The child's copy has every source hash filled in; JSON only across that boundary.
     schedule = compiler.Schedule.from_json(final["schedule"]) if final.get("schedule") else tuned
     return TuningResult(

@@ -106,3 +106,38 @@ def test_a_tuned_graph_slower_than_the_heuristic_is_not_published() -> None:
         [k["config"] for k in base]
     assert result.best_ms == result.heuristic_ms == 10.0
     assert any("slower than heuristic" in e for e in result.errors)
+
+
+def test_a_losing_tuned_graph_keeps_its_largest_gains_when_they_win_alone() -> None:
+    import compiler
+
+    graph = _two_kernel_graph()
+    target = compiler.Target.named("sm_90", name="NVIDIA H200")
+    base = compiler.heuristic_schedule(graph, target).to_json()["kernels"]
+    big, small = base[-1]["name"], base[0]["name"]
+
+    configs = {k["name"]: k["config"] for k in base}
+
+    def cost(c: Candidate) -> float:  # any other config wins alone; the big kernel saves more
+        return (100.0 if c.kernel == big else 30.0) * (1.0 if c.config == configs[c.kernel] else 0.8)
+
+    class SmallKernelLosesInTheGraph(FakeGraphRunner):
+        """Each winner is faster alone; in the whole graph the small kernel's is slower."""
+
+        def time_graph(self, schedule_json: dict | None, fidelity: float = 1.0) -> dict:
+            if schedule_json is None:
+                return {"ms": 20.0, "error": None}
+            changed = {k["name"] for k, b in zip(schedule_json["kernels"], base, strict=True)
+                       if k["config"] != b["config"] or k["variant"] != b["variant"]}
+            return {"ms": 10.0 - 1.0 * (big in changed) + 1.5 * (small in changed), "error": None}
+
+    fake = SmallKernelLosesInTheGraph(cost)
+    result = tuner.tune(graph, target, tuner.Budget(trials=40), runner=fake)
+    tuned = {k["name"]: k for k in result.schedule.to_json()["kernels"]}
+    before = {k["name"]: k for k in base}
+    assert {k.name for k in result.kernels if k.winner.config != k.heuristic.config} == {big, small}
+    assert tuned[big]["config"] != before[big]["config"]  # the larger gain is kept
+    assert tuned[small]["config"] == before[small]["config"]  # the one that lost in the graph is not
+    assert result.best_ms == 9.0 and result.heuristic_ms == 10.0
+    assert any("kept the 1 largest measured gains of 2 kernels" in e for e in result.errors), \
+        result.errors
