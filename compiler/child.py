@@ -461,13 +461,18 @@ def _serve_forks(channel: Channel, preload: list[str], control_fd: int) -> None:
                 _reap(statuses)
             if channel.sock in ready or control in ready and not _fork_one(
                     control, statuses, (wake_r, wake_w), channel):
-                return
+                break
     finally:  # nothing forked here outlives the server
         for pid in statuses:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
         while statuses:
             _reap(statuses, block=True)
+    # The parent is done with the server: nothing here needs the interpreter's teardown (a
+    # second or more with torch and Triton loaded), which would hold up the service's stop.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _fork_one(control: socket.socket, statuses: dict[int, socket.socket],

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 DISTRIBUTION = "kiln-compile"  # the name on the package index; the import names stay kiln, ...
@@ -201,7 +201,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.run()
     except KeyboardInterrupt:
         pass
-    return 0 if server.started else 3  # uvicorn's exit status for a failed start
+    if not server.started:
+        return 3  # uvicorn's exit status for a failed start
+    print("kiln: stopped", flush=True)
+    _end_now(0)
+
+
+def _end_now(code: int) -> NoReturn:
+    """End the process once the server stopped (workers joined, fork servers ended, logs
+    flushed), without the interpreter's teardown: with torch, Triton and the app loaded it
+    takes about two seconds, which Ctrl-C would otherwise wait for."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @contextmanager

@@ -18,6 +18,8 @@ now (the service stopping).
 
 from __future__ import annotations
 
+import threading
+
 from compiler.child import ForkServer
 
 PRELOAD = ["service.pipeline", "compiler.lowering.frontend", "compiler.scheduling.heuristics",
@@ -35,6 +37,9 @@ def for_target(target_json: dict) -> ForkServer:
 
 
 def shutdown() -> None:
-    """End both servers and their children (started again on next use)."""
+    """End both servers and their children (started again on next use), side by side:
+    each waits for its server's process to end."""
+    ending = threading.Thread(target=compiles.close, name="kiln-forkserver-close")
+    ending.start()
     checks.close()
-    compiles.close()
+    ending.join()

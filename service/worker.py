@@ -129,8 +129,9 @@ class Worker:
         return self._thread
 
     def stop(self) -> None:
-        """Stop after the job in hand."""
+        """Stop after the job in hand (a wait for work ends now)."""
         self._stop.set()
+        self.ctx.queue.wake()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the worker thread started by start_thread()."""

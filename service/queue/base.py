@@ -79,5 +79,9 @@ class JobQueue(ABC):
     def drop_legacy(self, stream: str, message_ids: list[str]) -> None:  # noqa: B027
         """Delete messages `legacy` reported for `stream` (optional hook)."""
 
+    def wake(self) -> None:  # noqa: B027 - optional hook
+        """End every `claim` waiting now (it returns None): workers are stopping. A backend
+        whose wait cannot be cut short (Redis's blocking read) ends it within `block_s`."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

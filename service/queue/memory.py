@@ -50,6 +50,7 @@ class InProcessQueue(JobQueue):
         self._pending: dict[str, tuple[Delivery, float, str]] = {}  # id -> (msg, since, who)
         self._ids = itertools.count(1)
         self._fresh = True
+        self._wakes = 0  # `wake` calls: a waiting claim that sees it change returns
 
     def enqueue(self, stream: str, job_id: int, tenant: str) -> None:
         with self._cond:
@@ -59,6 +60,7 @@ class InProcessQueue(JobQueue):
     def claim(self, streams: list[str], consumer: str, block_s: float) -> Delivery | None:
         deadline = time.monotonic() + block_s
         with self._cond:
+            wakes = self._wakes
             while True:
                 now = time.monotonic()
                 for mid, (msg, since, _who) in list(self._pending.items()):
@@ -74,9 +76,14 @@ class InProcessQueue(JobQueue):
                         self._pending[mid] = (msg, now, consumer)
                         return msg
                 left = deadline - now
-                if left <= 0:
+                if left <= 0 or self._wakes != wakes:
                     return None
                 self._cond.wait(min(left, self.lease_s))
+
+    def wake(self) -> None:
+        with self._cond:
+            self._wakes += 1
+            self._cond.notify_all()
 
     def touch(self, delivery: Delivery, consumer: str) -> None:
         with self._cond:

@@ -70,3 +70,30 @@ def test_admin_token_survives_a_restart_and_the_dashboard_url_is_printed(tmp_pat
     assert tokens[0] not in logs[1]  # a restart says where the token is, not the token
     assert f"(print it: cat {tmp_path / 'admin-token'})" in logs[1]
     assert stat.S_IMODE((tmp_path / "admin-token").stat().st_mode) == 0o600
+
+
+def test_ctrl_c_stops_the_server_its_worker_and_fork_servers(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    port = free_port()
+    proc, base = start_api(tmp_path, port, KILN_DATABASE_URL=f"sqlite:///{tmp_path / 'k.db'}")
+    try:
+        wait_for(lambda: "kiln: stop with Ctrl-C" in proc.log(), 30)
+        assert httpx.get(base + "/healthz", timeout=10).status_code == 200
+        servers = subprocess.run(["pgrep", "-f", "-P", str(proc.popen.pid), "_serve_forks"],
+                                 capture_output=True, text=True).stdout.split()
+        assert servers, "the intake fork server runs once the app has started"
+    finally:
+        proc.stop(signal.SIGINT, timeout=60)
+    assert proc.popen.returncode == 0, proc.log()
+    assert proc.log().rstrip().endswith("kiln: stopped"), proc.log()
+    for pid in map(int, servers):  # ended with the server, not left behind
+        wait_for(lambda p=pid: _ended(p), 10, f"fork server {pid} outlived kiln serve")
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

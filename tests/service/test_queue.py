@@ -197,3 +197,19 @@ def test_messages_of_the_layout_before_fair_queueing_are_moved_not_lost(
         raw.close()
     finally:
         ctx.close()
+
+
+def test_wake_ends_a_waiting_claim_and_leaves_later_claims_alone() -> None:
+    import threading
+
+    queue = InProcessQueue(lease_s=60.0)
+    got: list[object] = []
+    waiting = threading.Thread(target=lambda: got.append(queue.claim(["build"], "w", 60.0)))
+    waiting.start()
+    time.sleep(0.2)  # the claim is waiting (with no work it would wait its 60 s)
+    queue.wake()
+    waiting.join(30)
+    assert not waiting.is_alive() and got == [None]
+    queue.enqueue("build", 7, "t")  # a claim after the wake gets work as before
+    delivery = queue.claim(["build"], "w", 1.0)
+    assert delivery is not None and delivery.job_id == 7

@@ -75,7 +75,8 @@ def test_gpu_target_is_left_for_a_live_gpu_worker(pg_ctx: ServiceContext) -> Non
                  and job_dict(pg_ctx, served)["stage"] == "tune", 20)
     job = job_dict(pg_ctx, served)
     assert job["status"] == "queued" and job["progress"] == 0.5
-    assert pg_ctx.queue.depth().get(tune_stream("cuda-sm_90")) == 1
+    # enqueued once the stage's commit is visible (after commit): the test may look between
+    wait_for(lambda: pg_ctx.queue.depth().get(tune_stream("cuda-sm_90")) == 1, 10)
 
     seen: dict = {}
 
