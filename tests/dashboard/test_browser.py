@@ -17,9 +17,9 @@ from service.settings import Settings
 from tests.dashboard.conftest import ADMIN_TOKEN
 from tests.dashboard.live import CHROMIUM, CHROMIUM_ARGS, LiveService
 
-# A missing browser is an optional tool not installed, not a missing service: it skips, under
-# CI too, before any fixture starts the live service.
-pytestmark = [pytest.mark.browser, pytest.mark.services,
+# slow: real builds and tuning behind a live service. A missing browser is an optional tool
+# not installed, not a missing service: it skips, under CI too, before any fixture starts.
+pytestmark = [pytest.mark.browser, pytest.mark.services, pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                  reason=f"{CHROMIUM} is missing: `make browser` (as root) installs "
                                         "Debian's chromium")]
