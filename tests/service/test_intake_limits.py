@@ -20,6 +20,9 @@ import compiler
 from tests.service.bombs import bicubic_chain
 from tests.service.helpers import Proc, free_port, start_api, wait_for
 
+# slow: a real `kiln serve` process, flooded and starved.
+pytestmark = pytest.mark.slow
+
 CPU = compiler.Target.detect("cpu").to_json()
 
 
@@ -49,7 +52,6 @@ def _post_head(length: int) -> bytes:
             b"Content-Length: %d\r\n\r\n" % length)
 
 
-@pytest.mark.slow
 def test_a_huge_request_head_is_refused(api):
     _, url = api
     head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
@@ -97,7 +99,6 @@ def _poll_healthz(url: str, stop: threading.Event, latencies: list[float], pause
             time.sleep(pause)
 
 
-@pytest.mark.slow
 def test_healthz_answers_fast_under_a_flood_of_expensive_submissions(api):
     _, url = api
     latencies: list[float] = []
@@ -134,7 +135,6 @@ def _rss_mb(pid: int) -> int:
         return next(int(line.split()[1]) >> 10 for line in status if line.startswith("VmRSS:"))
 
 
-@pytest.mark.slow
 def test_four_16mib_junk_bodies_never_stall_healthz_nor_grow_the_api(tmp_path: Path):
     """Issue 30, item 4: one array of 8M numbers held the GIL for its whole parse (healthz
     0.9 s), and bodies of millions of tiny objects grew the API by 660 MB; both now decode
