@@ -7,8 +7,9 @@ STAMP := $(VENV)/.kiln-installed
 # The Dockerfile's TORCH_VERSION is the same pin (torch major.minor is in every tuning key).
 TORCH_PIN ?= torch==2.13.0
 PYTEST_WORKERS ?= auto
+PYTEST := TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
-.PHONY: install serve test lint browser screenshots clean
+.PHONY: install serve test test-slow test-all lint browser screenshots clean
 
 install: $(STAMP)
 
@@ -20,6 +21,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian's chromium for the dashboard's browser tests (Playwright drives it; no browser download).
+# Opt-in and as root (apt-get): without it the browser tests skip.
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
@@ -36,9 +38,17 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: install browser
+# The fast step: ruff and every test not marked slow (a few minutes on 2 cores).
+test: install
 	$(VENV)/bin/ruff check .
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+# The slow step: the tests marked slow (whole-model interpreter runs, service processes,
+# sm90 precompiles, load tests, fuzzers).
+test-slow: install
+	$(PYTEST) -m slow $(PYTEST_ARGS)
+
+test-all: test test-slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_flow_serves_every_graph_of_a_training_step(tmp_path: Path) -> None:
     out = tmp_path / "flow.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "HOME": str(tmp_path)}

@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.processes import end_left_behind, new_mark
+
+# slow: training graphs timed against service processes.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_model_suite_measures_eager_and_kiln(tmp_path: Path) -> None:
     out = tmp_path / "models.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "HOME": str(tmp_path)}

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,6 +19,7 @@ def _probe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_each_lookup_is_traced_in_fresh_processes(tmp_path: Path) -> None:
     out = tmp_path / "probe.json"
     done = _probe(tmp_path, "--model", "gpt_block_train", "--small", "--lookups", "none,kiln",

@@ -256,6 +256,7 @@ def _precompile_main() -> None:
         "kernels": len(schedule.kernels)}), flush=True)
 
 
+@pytest.mark.slow
 def test_a_real_size_resnet_stage_runs_channels_last_and_compiles_for_sm90(tmp_path: Path) -> None:
     from tests.compiler.precompile_sm90 import run_module
 

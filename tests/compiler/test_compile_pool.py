@@ -22,6 +22,7 @@ def _precompile_sm90(tmp_path: Path, *args: str) -> dict:
     return json.loads(lines[-1])
 
 
+@pytest.mark.slow
 def test_workers_compile_each_distinct_kernel_once_and_the_jit_loads_them_from_the_cache(
         tmp_path: Path) -> None:
     got = _precompile_sm90(tmp_path)

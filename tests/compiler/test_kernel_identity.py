@@ -30,6 +30,7 @@ def _built(layers: int, graph: str) -> compiler.Built:
     return compiler.build(gm, None, inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", ["train_fwd", "train_bwd", "fwd"])
 def test_twelve_layers_compile_no_more_distinct_kernels_than_two(graph: str) -> None:
     two, twelve = _built(2, graph), _built(12, graph)

@@ -39,6 +39,7 @@ def _hash(fn, *inputs: torch.Tensor) -> str:
     return graph_hash(to_wire(gm, list(inputs)))
 
 
+@pytest.mark.slow
 def test_hash_is_the_same_in_a_separate_process() -> None:
     here = {c.name: graph_hash(to_wire(c.gm, c.example_inputs)) for c in corpus()}
     child = subprocess.run(

@@ -377,6 +377,7 @@ def test_views_of_known_layouts_are_made_without_aten_calls() -> None:
         assert g.storage_offset() == w.storage_offset()
 
 
+@pytest.mark.slow
 def test_the_host_path_bench_runs_with_stub_kernels() -> None:
     import json
     import subprocess

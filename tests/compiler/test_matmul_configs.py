@@ -196,6 +196,7 @@ def _compile_for_sm90(configs: list[dict[str, int]]) -> list[tuple[int, int, boo
     return out
 
 
+@pytest.mark.slow
 def test_the_hopper_configs_compile_for_sm90_and_fit_its_shared_memory() -> None:
     configs = [*HOPPER, _config("sm_90", 1024, 768, 768)]
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:

@@ -240,6 +240,7 @@ def _compile_stem_for_sm90() -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_pooling_kernels_compile_for_sm90() -> None:
     """The interpreter runs what the GPU compiler may refuse: compile them for an H200."""
     import multiprocessing as mp

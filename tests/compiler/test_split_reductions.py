@@ -336,6 +336,7 @@ def _precompile_main() -> None:
             for k in schedule.kernels]}), flush=True)
 
 
+@pytest.mark.slow
 def test_real_sizes_compile_for_sm90(tmp_path: Path) -> None:
     from tests.compiler.precompile_sm90 import run_module
 

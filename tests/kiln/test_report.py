@@ -82,6 +82,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
                           env=clean, cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_kiln_report_prints_it_at_exit(tmp_path):
     code = ("import torch, kiln\n"
             "f = torch.compile(lambda x: torch.sin(x) * 2, backend='kiln')\n"

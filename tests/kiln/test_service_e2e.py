@@ -22,7 +22,8 @@ from kiln import session
 from tests.kiln.helpers import assert_close_losses, causes, train_gpt, train_mlp
 from tests.kiln.service_proc import ROOT, ServiceProcess
 
-pytestmark = pytest.mark.usefixtures("kiln_state")
+# slow: whole models trained through service processes.
+pytestmark = [pytest.mark.usefixtures("kiln_state"), pytest.mark.slow]
 
 
 @pytest.fixture

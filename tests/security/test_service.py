@@ -80,6 +80,7 @@ def test_graph_injections_are_refused_with_422(client: TestClient) -> None:
         assert response.json()["error"]["code"] == "invalid_graph"
 
 
+@pytest.mark.slow
 def test_repeated_keys_and_bare_nan_in_the_body_are_refused(client: TestClient) -> None:
     target = json.dumps(compiler.Target.cpu().to_json())
     text = json.dumps(relu_graph())
@@ -96,6 +97,7 @@ def test_repeated_keys_and_bare_nan_in_the_body_are_refused(client: TestClient) 
         assert response.json()["error"]["code"] == "invalid_json"
 
 
+@pytest.mark.slow
 def test_tags_must_be_printable(client: TestClient) -> None:
     for tag in ("a\nb", "x\x1b[31m", "nul\x00", "rtl\u202etxt.exe", "a" * 201, 7):
         response = _submit(client, relu_graph(), tag=tag)  # type: ignore[arg-type]
@@ -104,6 +106,7 @@ def test_tags_must_be_printable(client: TestClient) -> None:
     assert _submit(client, relu_graph(), tag="gpt-2 small / été").status_code == 202
 
 
+@pytest.mark.slow
 def test_keys_with_a_trailing_newline_are_refused(client: TestClient) -> None:
     response = _submit(client, relu_graph())
     assert response.status_code == 202, response.text
@@ -120,6 +123,7 @@ def test_keys_with_a_trailing_newline_are_refused(client: TestClient) -> None:
 # --- SQL ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_admin_search_is_parameterised_and_like_wildcards_are_literal(client: TestClient) -> None:
     keys = [_submit(client, relu_graph(), tag="t1").json()["key"],
             _submit(client, graph([node("y", "aten.neg.default", [{"ref": "x"}])])).json()["key"]]
@@ -179,6 +183,7 @@ def test_client_text_is_escaped_on_every_dashboard_page(client: TestClient) -> N
     assert f'value="{SCRIPT_TAG}"' not in pages["entries filtered"].text
 
 
+@pytest.mark.slow
 def test_admin_cookie_alone_cannot_change_state_through_the_json_api(client: TestClient) -> None:
     # A form on any same-site page (another port of the host, a sibling subdomain) posts with
     # the SameSite=Strict cookie attached; the JSON admin API has no CSRF token to check.
@@ -195,6 +200,7 @@ def test_admin_cookie_alone_cannot_change_state_through_the_json_api(client: Tes
     assert response.status_code == 200 and response.json()["status"] == "invalidated"
 
 
+@pytest.mark.slow
 def test_login_next_cannot_inject_headers_or_leave_the_dashboard(client: TestClient) -> None:
     for next_ in ("/admin\r\nSet-Cookie: evil=1", "//evil.example/admin", "https://evil.example/admin",
                   "/admin\\@evil.example", "javascript:alert(1)//admin", "/admin/\"><script>x</script>"):

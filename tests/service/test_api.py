@@ -58,6 +58,7 @@ def test_submit_then_fetch_pending_heuristic_and_tuned(client: TestClient, pg_ct
     assert tuned.status_code == 200 and tuned.json()["status"] == "tuned"
 
 
+@pytest.mark.slow
 def test_identical_concurrent_posts_make_one_job(pg_settings) -> None:  # noqa: ANN001
     # Leases long enough that the upkeep's stale-job rule (a queued job untouched for five
     # leases is enqueued again) cannot fire while 24 posts are validated on a loaded machine.
@@ -75,6 +76,7 @@ def test_identical_concurrent_posts_make_one_job(pg_settings) -> None:  # noqa: 
         ctx.close()
 
 
+@pytest.mark.slow
 def test_misses_are_classified_and_hits_counted(client: TestClient, pg_ctx: ServiceContext) -> None:
     first = client.post("/v1/graphs", json=wire_body(target=gpu_target()))
     client.post("/v1/graphs", json=wire_body(target=gpu_target("sm_80", "NVIDIA A100")))
@@ -92,6 +94,7 @@ def test_misses_are_classified_and_hits_counted(client: TestClient, pg_ctx: Serv
     assert entries["total"] == 1 and entries["items"][0]["hits"] == 3
 
 
+@pytest.mark.slow
 def test_invalidate_and_retune(client: TestClient, pg_ctx: ServiceContext) -> None:
     key = client.post("/v1/graphs", json=wire_body(target=gpu_target())).json()["key"]
     _publish(pg_ctx, key)
@@ -127,6 +130,7 @@ def test_admin_routes_need_an_admin_token(client: TestClient, pg_ctx: ServiceCon
     assert client.get("/v1/admin/jobs").status_code == 200
 
 
+@pytest.mark.slow
 def test_off_loopback_every_endpoint_needs_a_token(pg_ctx: ServiceContext) -> None:
     pg_ctx.settings = pg_ctx.settings.model_copy(update={
         "host": "0.0.0.0", "admin_token": "kiln_a-long-random-admin-token-0123456789"})
@@ -140,6 +144,7 @@ def test_off_loopback_every_endpoint_needs_a_token(pg_ctx: ServiceContext) -> No
                       headers={"Authorization": f"Bearer {token}"}).status_code == 202
 
 
+@pytest.mark.slow
 def test_rate_limit_per_token(pg_ctx: ServiceContext) -> None:
     pg_ctx.settings = pg_ctx.settings.model_copy(update={"rate_limit_per_s": 1.0,
                                                          "rate_limit_burst": 3})
@@ -163,6 +168,7 @@ def test_health_ready_metrics(client: TestClient) -> None:
     assert 'kiln_jobs{stage="build",status="queued"} 1.0' in metrics
 
 
+@pytest.mark.slow
 def test_metrics_count_workers_with_a_recent_heartbeat(pg_ctx: ServiceContext,
                                                         client: TestClient) -> None:
     with pg_ctx.transaction() as session:
@@ -173,12 +179,14 @@ def test_metrics_count_workers_with_a_recent_heartbeat(pg_ctx: ServiceContext,
     assert 'kiln_workers_alive{device="cpu"} 1.0' in metrics
 
 
+@pytest.mark.slow
 def test_graph_validation_is_warmed_before_the_first_request(client: TestClient) -> None:
     """Startup runs one validation (imports, meta kernels): the first submissions must not
     each wait on them (on an H200 host three together outlasted a client's timeout)."""
     assert client.app.state.validation_warm is True
 
 
+@pytest.mark.slow
 def test_a_known_graph_is_answered_without_running_its_ops(client: TestClient, pg_ctx: ServiceContext,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation runs a graph's ops on meta tensors; a graph whose entry has a schedule

@@ -21,6 +21,7 @@ PUBLIC = {"host": "0.0.0.0", "admin_token": STRONG_ADMIN}
 ADMIN = {"Authorization": "Bearer admin-secret"}  # pg_settings' configured admin token
 
 
+@pytest.mark.slow
 def test_bad_tokens_from_an_address_never_lock_out_its_valid_admin_token(
         pg_ctx: ServiceContext) -> None:
     # The outside tester's case: 20 bad tokens, then the real admin from the same address.
@@ -37,6 +38,7 @@ def test_bad_tokens_from_an_address_never_lock_out_its_valid_admin_token(
         assert c.get(stats, headers=ADMIN).status_code == 200
 
 
+@pytest.mark.slow
 def test_past_the_address_cap_bad_tokens_get_429_with_backoff_and_valid_ones_pass(
         pg_ctx: ServiceContext) -> None:
     with pg_ctx.transaction() as session:
@@ -57,6 +59,7 @@ def test_past_the_address_cap_bad_tokens_get_429_with_backoff_and_valid_ones_pas
         assert c.get("/v1/admin/stats", headers=ADMIN).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_token_that_keeps_failing_is_refused_without_a_lookup(pg_ctx: ServiceContext) -> None:
     with pg_ctx.transaction() as session:
         good = create_token(session, "client")
@@ -80,6 +83,7 @@ def test_a_token_that_keeps_failing_is_refused_without_a_lookup(pg_ctx: ServiceC
         assert c.get(lookup, headers={"Authorization": f"Bearer {good}"}).status_code == 404
 
 
+@pytest.mark.slow
 def test_a_client_token_reads_only_the_jobs_it_submitted(pg_ctx: ServiceContext) -> None:
     pg_ctx.settings = pg_ctx.settings.model_copy(update=PUBLIC)
     with pg_ctx.transaction() as session:
@@ -110,6 +114,7 @@ def test_a_weak_admin_token_refuses_a_public_bind(pg_ctx: ServiceContext, weak: 
     create_app(ctx=pg_ctx)
 
 
+@pytest.mark.slow
 def test_docs_and_readiness_details_need_a_token_on_a_public_bind(pg_ctx: ServiceContext) -> None:
     class DownQueue(type(pg_ctx.queue)):
         def ping(self) -> None:

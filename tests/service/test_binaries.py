@@ -52,6 +52,7 @@ def _heuristic(live: LiveService, body: dict) -> dict:
     return wait_for(ready, 300, "the heuristic schedule")
 
 
+@pytest.mark.slow
 @pytest.mark.services
 def test_binaries_round_trip_and_a_tampered_one_is_compiled_locally(
         pg_ctx: ServiceContext, tmp_path: Path) -> None:

@@ -9,10 +9,14 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 import compiler
 from tests.service.bombs import full_relu, sum_sub_chain
 from tests.service.helpers import free_port, start_api, wait_for
+
+# slow: API and worker processes building a 1200-step graph.
+pytestmark = pytest.mark.slow
 
 CPU = compiler.Target.detect("cpu").to_json()
 

@@ -88,6 +88,7 @@ def test_a_failing_build_reports_the_child_error():
         build_child.build_in_child("{}", CPU, 1 << 16, timeout_s=120, memory_bytes=0)
 
 
+@pytest.mark.slow
 @pytest.mark.services
 def test_worker_process_frees_itself_from_a_build_past_its_time_limit(
         tmp_path: Path, postgres_url: str, redis_url: str, redis_prefix: str) -> None:

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from service.migrate import current_revision
@@ -36,6 +37,7 @@ def test_busy_port_fails_at_once_and_registers_no_worker(tmp_path: Path) -> None
     engine.dispose()
 
 
+@pytest.mark.slow
 def test_admin_token_survives_a_restart_and_the_dashboard_url_is_printed(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"
     tokens, logs = [], []

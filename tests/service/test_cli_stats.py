@@ -8,12 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from service import store
 from service.context import ServiceContext
 from service.migrate import upgrade
 from service.models import JobRow
 from service.settings import Settings
 from tests.service.helpers import REPO, fake_submission, free_port, service_env, start_api
+
+# slow: an API process and the CLI in another.
+pytestmark = pytest.mark.slow
 
 
 def _seed(url: str) -> None:

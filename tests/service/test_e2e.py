@@ -17,7 +17,8 @@ from service.migrate import upgrade
 from tests.corpus import corpus
 from tests.service.helpers import free_port, gpu_target, start_api, start_worker, wait_for
 
-pytestmark = pytest.mark.services
+# slow: API and worker processes, the corpus built through them.
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
 def _schedule(url: str, key: str) -> dict | None:

@@ -36,6 +36,7 @@ def _started(job: dict) -> datetime:
     return min(datetime.fromisoformat(e["at"]) for e in job["history"] if e["status"] == "running")
 
 
+@pytest.mark.slow
 def test_one_tenants_backlog_delays_anothers_first_graph_by_at_most_one_build(
         tmp_path: Path) -> None:
     home = tmp_path / "home"

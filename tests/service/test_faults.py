@@ -15,7 +15,8 @@ from service.migrate import upgrade
 from tests.service.helpers import free_port, start_api, start_worker, wait_for, wire_body
 from tests.service.private_services import PrivatePostgres, PrivateRedis
 
-pytestmark = pytest.mark.services
+# slow: worker processes killed, servers stopped and restarted.
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 ADMIN = {"Authorization": "Bearer admin-secret"}
 CASES = ["mlp.fwd", "mlp.train_fwd", "mlp.train_bwd", "embedding_ce.fwd", "convnet.fwd",
          "gpt_block.fwd"]

@@ -23,7 +23,9 @@ from service.api.app import create_app
 from service.context import ServiceContext
 from tests.service.helpers import wire_body
 
-pytestmark = pytest.mark.services
+# slow: each test starts the app, whose intake fork server imports torch and Triton (~4 s),
+# and a schemathesis fuzz.
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 

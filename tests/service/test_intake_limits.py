@@ -20,6 +20,9 @@ import compiler
 from tests.service.bombs import bicubic_chain
 from tests.service.helpers import Proc, free_port, start_api, wait_for
 
+# slow: a real `kiln serve` process, flooded and starved.
+pytestmark = pytest.mark.slow
+
 CPU = compiler.Target.detect("cpu").to_json()
 
 

@@ -99,6 +99,7 @@ def test_the_fast_path_answers_byte_for_byte_as_the_route(sqlite_ctx: ServiceCon
         assert store.schedule_by_key(session, keys["pending"]).hits == 0
 
 
+@pytest.mark.slow
 def test_auth_and_limit_answers_are_the_routes(sqlite_ctx: ServiceContext) -> None:
     _settings(sqlite_ctx, host="0.0.0.0", admin_token=PUBLIC_ADMIN, rate_limit_per_s=1.0,
               rate_limit_burst=2)
@@ -154,6 +155,7 @@ def test_the_fast_path_serves_lookups_and_passes_the_rest_on(sqlite_ctx: Service
     assert len(passed) == 5  # the unchecked token, four other requests
 
 
+@pytest.mark.slow
 def test_a_settled_answer_is_kept_for_the_cache_time_and_no_longer(
         sqlite_ctx: ServiceContext) -> None:
     _settings(sqlite_ctx, lookup_cache_s=0.5)
@@ -178,6 +180,7 @@ def test_a_settled_answer_is_kept_for_the_cache_time_and_no_longer(
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "invalidated"
 
 
+@pytest.mark.slow
 def test_an_admin_invalidation_shows_at_once_in_its_process(sqlite_ctx: ServiceContext) -> None:
     _settings(sqlite_ctx, lookup_cache_s=3600.0)
     key = _entry(sqlite_ctx, "heuristic", "done")
@@ -188,6 +191,7 @@ def test_an_admin_invalidation_shows_at_once_in_its_process(sqlite_ctx: ServiceC
         assert c.get(f"/v1/schedules/{key}").json()["error"]["code"] == "invalidated"
 
 
+@pytest.mark.slow
 def test_a_revoked_token_stops_working_within_the_token_cache_time(
         sqlite_ctx: ServiceContext) -> None:
     _settings(sqlite_ctx, host="0.0.0.0", admin_token=PUBLIC_ADMIN, token_cache_s=0.5)
@@ -207,6 +211,7 @@ def test_a_revoked_token_stops_working_within_the_token_cache_time(
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
 
 
+@pytest.mark.slow
 def test_a_locked_database_answers_503_with_retry_after(sqlite_ctx: ServiceContext) -> None:
     key = _entry(sqlite_ctx, "heuristic", "done")
     app = create_app(ctx=sqlite_ctx)

@@ -14,7 +14,8 @@ from service.context import ServiceContext
 from service.models import JobRow
 from tests.service.helpers import wire_body
 
-pytestmark = pytest.mark.services
+# slow: each test starts the app, whose intake fork server imports torch and Triton (~4 s).
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 KEY = "c" * 64
 

@@ -35,6 +35,7 @@ def test_job_and_step_durations_are_histograms() -> None:
             pass
 
 
+@pytest.mark.slow
 @pytest.mark.services
 def test_counters_add_up_across_api_processes(tmp_path: Path, postgres_url: str,
                                               redis_url: str, redis_prefix: str) -> None:

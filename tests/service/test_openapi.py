@@ -10,7 +10,8 @@ import pytest
 from service.api.openapi import JobAnswer, ScheduleAnswer
 from tests.service.helpers import fake_submission
 
-pytestmark = pytest.mark.services
+# slow: each test starts the app, whose intake fork server imports torch and Triton (~4 s).
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
 def test_docs_load_nothing_from_another_host(client) -> None:

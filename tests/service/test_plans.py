@@ -26,7 +26,8 @@ from service.auth import create_token
 from service.context import ServiceContext
 from service.migrate import alembic_config, upgrade
 
-pytestmark = pytest.mark.services
+# slow: each test starts the app, whose intake fork server imports torch and Triton (~4 s).
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 KEY = "ab" * 32

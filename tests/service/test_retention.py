@@ -158,6 +158,7 @@ def test_prune_drops_only_the_bodies_of_graphs_unused_for_the_given_days(
         assert prune(session, Policy(wire_days=1))["graph_bodies"] == 3  # all but the busy one
 
 
+@pytest.mark.slow
 def test_a_pruned_body_fails_a_retune_until_the_graph_is_submitted_again(
         client: Any, pg_ctx: ServiceContext) -> None:
     """Through the API and a real worker: the entry keeps serving without its body, a

@@ -35,6 +35,7 @@ def _assert_facts(facts: dict[str, Any], arch: str) -> None:
     assert facts["num_warps"] in (1, 2, 4, 8, 16, 32) and facts["compile_s"] >= 0
 
 
+@pytest.mark.slow
 def test_shutdown_ends_the_compile_server_and_a_later_compile_starts_another() -> None:
     """`kiln serve` ends its fork servers when it stops (service.api.app's lifespan)."""
     import os
@@ -124,6 +125,7 @@ def _too_big() -> tuple[str, dict[str, Any]]:
     return json.dumps(body["graph"]), compiler.build(graph, schedule).schedule.to_json()
 
 
+@pytest.mark.slow
 def test_a_kernel_that_does_not_fit_the_target_is_a_clear_error() -> None:
     with pytest.raises(TargetCompileError, match=r"out_of_resources: kernel fused_addmm_relu_0 does "
                        r"not fit sm_90: needs \d+ B shared memory, the target allows 232448"):
@@ -179,6 +181,7 @@ def test_cpu_worker_stores_compile_facts_of_an_sm_90_schedule(pg_ctx: ServiceCon
     assert f"{facts['registers']} registers/thread" in page
 
 
+@pytest.mark.slow
 @pytest.mark.services
 def test_a_job_whose_kernel_does_not_fit_fails_at_once(pg_ctx: ServiceContext) -> None:
     calls = []
@@ -220,6 +223,7 @@ def _real_size_bodies() -> list[dict[str, Any]]:
             for gm, ins in ((fwd, fwd_in), (bwd, bwd_in))]
 
 
+@pytest.mark.slow
 @pytest.mark.services
 def test_real_size_graphs_with_bare_cublas_matmuls_get_an_sm_90_schedule(
         pg_ctx: ServiceContext) -> None:

@@ -65,6 +65,7 @@ def tokens(any_ctx: ServiceContext) -> dict[str, str]:
                 "admin": create_token(session, "admin", tenant="ops")}
 
 
+@pytest.mark.slow
 def test_a_plan_reaches_only_its_tenant_until_an_admin_publishes_it(
         live: LiveService, tokens: dict[str, str]) -> None:
     key = "ab" * 32
@@ -147,6 +148,7 @@ def _job(url: str, token: str, cache_dir: Path, fn: Any, x: torch.Tensor) -> tup
     return out, kiln.stats()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("kiln_state")
 def test_a_plan_one_tenant_stored_for_a_key_is_not_run_by_another_tenants_job(
         live: LiveService, tokens: dict[str, str], tmp_path: Path) -> None:

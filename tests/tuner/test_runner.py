@@ -48,6 +48,7 @@ def test_runner_survives_a_candidate_that_kills_its_child(tiny: tuple[dict, dict
         assert runner.pid != first_pid
 
 
+@pytest.mark.slow
 def test_runner_kills_a_hung_candidate_and_carries_on(tiny: tuple[dict, dict]) -> None:
     graph, schedule = tiny
     with Runner("cpu", timeout_s=120, fault_hook=crash_or_hang) as runner:
