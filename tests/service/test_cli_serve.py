@@ -74,6 +74,7 @@ def test_admin_token_survives_a_restart_and_the_dashboard_url_is_printed(tmp_pat
     assert stat.S_IMODE((tmp_path / "admin-token").stat().st_mode) == 0o600
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_server_its_worker_and_fork_servers(tmp_path: Path) -> None:
     import signal
     import subprocess
