@@ -76,6 +76,14 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
         client.delete(key)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Generated kernels go to a directory of the test session, not the user's
+    ~/.cache/kiln/kernels (the processes tests start inherit it)."""
+    if "KILN_KERNEL_DIR" not in os.environ:
+        os.environ["KILN_KERNEL_DIR"] = str(tmp_path_factory.mktemp("kiln_kernels"))
+
+
 # ---- no process left behind --------------------------------------------------------------
 # The run marks its environment (tests/processes.py), so every process a test starts, and
 # every process those start, carries the mark unless given an environment without it; at
