@@ -66,9 +66,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _use_count(t: torch.Tensor) -> int:
-    """References to `t`'s storage (every tensor over it, views and detached ones too)."""
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+def _ptrs(inputs: Sequence[Any]) -> list[int]:
+    """Where each input lives (0 for a non-tensor)."""
+    return [t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in inputs]
 
 
 def _copy_out(values: list[Any]) -> list[Any]:
@@ -142,29 +142,33 @@ class GraphRunner:
         self.single = False
         self.layout: list[Any] = []
         self.bases: list[torch.Tensor] = []  # one tensor per (storage, dtype) of the outputs
-        self.counts: list[int] = []  # use count of each base's storage held by us alone
         self.copied: set[int] = set()  # bases whose outputs are copied out
         self.copy_outputs: set[int] = set()  # outputs a caller kept: copied from then on
         self.handed: list[int] = []  # bases a replay returns without copying
+        # (base, its storage's address, that storage's use count held by the runner alone)
+        self.handed_counts: list[tuple[int, int, int]] = []
         self.copy_at: list[int] = []  # outputs a replay copies out (their bases are copied)
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         """Replay (or capture); None means: run this call without a graph."""
         if self.failed:
             return None
-        ptrs = [t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in inputs]
         if self.graph is None:
-            return self._maybe_capture(inputs, ptrs)
+            return self._maybe_capture(inputs, _ptrs(inputs))
         if self.check is not None:
             self.check(inputs)
         for i, ptr in self.direct:
-            if ptrs[i] != ptr:  # e.g. the forward ran without its graph, or copies an output
-                return self._recapture(ptrs, f"input {i} moved")
-        held = [k for k in self.handed if _use_count(self.bases[k]) > self.counts[k]]
+            if inputs[i].data_ptr() != ptr:  # e.g. the forward ran without its graph
+                return self._recapture(_ptrs(inputs), f"input {i} moved")
+        # Per replay, for every output storage handed out: the storage's use count now
+        # against the runner's own (storages kept by address: the bases keep them alive).
+        held = [k for k, storage, count in self.handed_counts
+                if torch._C._storage_Use_Count(storage) > count]
         if held:
             self.copy_outputs.update(j for j, out in enumerate(self.layout)
                                      if type(out) is _Out and out.base in held)
-            return self._recapture(ptrs, f"{len(held)} output(s) of the last replay still held")
+            return self._recapture(_ptrs(inputs),
+                                   f"{len(held)} output(s) of the last replay still held")
         for i in self.staged:
             self.static[i].copy_(inputs[i])
         self.graph.replay()
@@ -252,7 +256,11 @@ class GraphRunner:
         # Keep the static copies only: holding an input read in place (a forward's output)
         # would look like a caller holding it to the graph that made it.
         self.static = [t if i in staged else None for i, t in enumerate(self.static)]
-        self.counts = [_use_count(b) for b in self.bases]
+        # Each handed base's storage by address and its use count with only the runner
+        # holding it (taken with no storage wrapper alive, as a replay looks at it).
+        storages = [self.bases[k].untyped_storage()._cdata for k in self.handed]
+        self.handed_counts = [(k, cdata, torch._C._storage_Use_Count(cdata))
+                              for k, cdata in zip(self.handed, storages, strict=True)]
         self.graph = graph
         graph.replay()
         self.replays += 1
