@@ -213,8 +213,7 @@ def _end_now(code: int) -> NoReturn:
     takes about two seconds, which Ctrl-C would otherwise wait for."""
     import atexit
 
-    atexit._run_exitfuncs()
-    logging.shutdown()
+    atexit._run_exitfuncs()  # logging's shutdown among them
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -19,6 +19,14 @@ def new_mark() -> dict[str, str]:
     return {MARK: uuid.uuid4().hex}
 
 
+def ended(pid: int) -> bool:
+    """Whether process `pid` is gone or a zombie (finished, waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def marked(mark: dict[str, str]) -> dict[int, str]:
     """The running processes that carry `mark`, by id, with their command lines (zombies,
     which hold no memory and are reaped by their parent, are not counted)."""
@@ -30,7 +38,7 @@ def marked(mark: dict[str, str]) -> dict[int, str]:
         try:
             if needle not in (proc / "environ").read_bytes().split(b"\0"):
                 continue
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if ended(int(proc.name)):
                 continue
             found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ") \
                 .decode(errors="replace").strip()

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests import processes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,11 +27,7 @@ def _pytest(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
 def _gone(pid: int, within: float = 10.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":
+        if processes.ended(pid):
             return True
         time.sleep(0.05)
     return False

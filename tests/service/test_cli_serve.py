@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from service.migrate import current_revision
+from tests import processes
 from tests.service.helpers import Proc, free_port, service_env, start_api, wait_for
 
 
@@ -92,11 +93,4 @@ def test_ctrl_c_stops_the_server_its_worker_and_fork_servers(tmp_path: Path) -> 
     assert proc.popen.returncode == 0, proc.log()
     assert proc.log().rstrip().endswith("kiln: stopped"), proc.log()
     for pid in map(int, servers):  # ended with the server, not left behind
-        wait_for(lambda p=pid: _ended(p), 10, f"fork server {pid} outlived kiln serve")
-
-
-def _ended(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+        wait_for(lambda p=pid: processes.ended(p), 10, f"fork server {pid} outlived kiln serve")
