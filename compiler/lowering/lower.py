@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflat
 
 from compiler.ir import MetaError, Program, TensorMeta, base_name, check_program, op_name
 from compiler.lowering import meta_memo, ops
+from compiler.lowering.conv_bias import unfuse_convolution_bias
 from compiler.lowering.fusion import plan_steps
 from compiler.lowering.layout import channels_last_convolutions
 from compiler.lowering.layout import policy as layout_policy
@@ -42,6 +43,8 @@ def lower_fx(gm: fx.GraphModule, example_meta: Sequence[object], owned: bool = F
     simplify_identities(gm)                    # 3. clone/alias/x*1/same-dtype casts vanish
     fold_constants(gm)                         # 4. small constant subgraphs evaluated now
     gm.graph.eliminate_dead_code()             # 5. dead code elimination
+    if unfuse_convolution_bias(gm, origins):   #    biases join the kernels after
+        propagate_meta(gm, metas)
     channels_last_convolutions(                #    convolutions on NHWC tensors
         gm, lambda: propagate_meta(gm, metas), origins, original_ops)
     split_reductions(gm, origins)              #    few outputs, many elements: two stages

@@ -21,7 +21,7 @@ from compiler.wire.graph import Graph, WireError, WireIdentity, from_wire
 from compiler.wire.schema import brief
 
 # Bump whenever generated code changes: every tuning key changes with it.
-COMPILER_VERSION = "0.1.6"
+COMPILER_VERSION = "0.1.7"
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+\-]{0,63}")
