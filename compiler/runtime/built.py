@@ -19,11 +19,13 @@ from torch import fx
 
 from compiler.aot import CompileJob, compile_ahead, import_kernel, source_hash, specialization
 from compiler.codegen import NotFusible, Unsupported, generate_kernel, kinds
+from compiler.codegen.kinds import aten_activation
 from compiler.ir import ExternStep, KernelGroup, Program, ViewStep, meta, op_name
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.ops import VIEWS
 from compiler.runtime import cudagraphs, static_launch, triton_key
 from compiler.runtime.execution import (
+    ActivationCall,
     Args,
     AtenMatmul,
     Call,
@@ -393,7 +395,11 @@ def build(graph: Any, schedule: Schedule | dict | str | None = None,
             outs = [(slots[n], meta(n).shape, meta(n).stride, meta(n).dtype) for n in gen.outputs]
             launch = Launch(choice.name, fn, [slots[n] for n in gen.inputs], outs,
                              kind.grid(group, choice.variant, config), constexprs, options)
-        if kind.library:
+        if kind is aten_activation.KIND:
+            activation, result = aten_activation.activation_of(group)
+            call = ActivationCall(group.anchors[0], result, activation, slots)
+            by_group[id(group)] = AtenMatmul(choice.name, call, None)
+        elif kind.library:
             by_group[id(group)] = AtenMatmul(choice.name, Call(group.anchors[0], slots), launch)
         else:
             by_group[id(group)] = launch

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from compiler.runtime.extern_layout import laid_out, layouts, returns_fresh
 from compiler.runtime.interpreter_fixes import patch_interpreter_bf16_dot
+from compiler.runtime.library_calls import AddmmActivation
 
 
 @dataclass
@@ -200,6 +201,20 @@ def slot_tree(tree: Any, slots: dict[fx.Node, int]) -> Any:
     if isinstance(tree, dict):
         return {k: slot_tree(v, slots) for k, v in tree.items()}
     return tree
+
+
+class ActivationCall(Call):
+    """An addmm and its activation as one library call (`kinds.aten_activation`), its
+    result in the activation's slot (the product's own is never written)."""
+
+    def __init__(self, mm: fx.Node, result: fx.Node, activation: str,
+                 slots: dict[fx.Node, int]) -> None:
+        self.target = AddmmActivation(activation)
+        self.args = Args((mm.args, {}), slots)
+        self.tree = slot_tree((mm.args, {}), slots)
+        self.meta = result.meta.get("kiln_meta")
+        self.slot = slots[result]
+        self.layout = layouts(self.meta)
 
 
 class AtenMatmul:

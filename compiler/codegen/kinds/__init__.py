@@ -5,6 +5,7 @@ keys and validation, heuristic, tuning space and pruning, launch grid and genera
 |---|---|---|---|
 | pointwise | pointwise | pointwise | `pointwise.py` |
 | reduction | reduction | see `reduction.py`'s docstring | `reduction.py` |
+| aten_act (an addmm and its ReLU or tanh-GELU as one library call) | matmul | aten_act | `aten_activation.py` |
 | aten (an ATen call, the epilogue a kernel) | matmul | aten | `aten.py` |
 | matmul (the Triton template) | matmul | triton | `matmul.py` |
 
@@ -23,13 +24,14 @@ from __future__ import annotations
 from torch import fx
 
 from compiler.codegen.access import Reads
-from compiler.codegen.kinds import aten, matmul, pointwise, reduction
+from compiler.codegen.kinds import aten, aten_activation, matmul, pointwise, reduction
 from compiler.codegen.kinds.base import Config, KernelKind, Point
 from compiler.codegen.rules import NodeKind
 from compiler.ir import KINDS as GROUP_KINDS
 from compiler.ir import KernelGroup
 
-KINDS: tuple[KernelKind, ...] = (pointwise.KIND, reduction.KIND, aten.KIND, matmul.KIND)
+KINDS: tuple[KernelKind, ...] = (pointwise.KIND, reduction.KIND, aten_activation.KIND, aten.KIND,
+                                  matmul.KIND)
 
 
 def _check_registry() -> None:
