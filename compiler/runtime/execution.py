@@ -209,10 +209,10 @@ class ActivationCall(Call):
 
     def __init__(self, mm: fx.Node, result: fx.Node, activation: str,
                  slots: dict[fx.Node, int]) -> None:
-        self.target = AddmmActivation(activation)
+        self.meta = result.meta.get("kiln_meta")
+        self.target = AddmmActivation(activation, tuple(self.meta.shape))
         self.args = Args((mm.args, {}), slots)
         self.tree = slot_tree((mm.args, {}), slots)
-        self.meta = result.meta.get("kiln_meta")
         self.slot = slots[result]
         self.layout = layouts(self.meta)
 

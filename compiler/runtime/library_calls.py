@@ -15,17 +15,20 @@ class AddmmActivation:
     addmm and then the activation: ATen's CPU `_addmm_activation` computes the erf GELU,
     not the tanh one the graph asked for."""
 
-    def __init__(self, activation: str) -> None:
+    def __init__(self, activation: str, shape: tuple[int, ...] | None = None) -> None:
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}: expected one of {ACTIVATIONS}")
         self.activation = activation
+        self.shape = shape  # the graph's view of the (row-major) result, if another shape
 
     def __call__(self, bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         gelu = self.activation == "gelu_tanh"
         if a.is_cuda:
-            return torch._addmm_activation(bias, a, b, use_gelu=gelu)
-        out = torch.addmm(bias, a, b)
-        return torch.nn.functional.gelu(out, approximate="tanh") if gelu else torch.relu(out)
+            out = torch._addmm_activation(bias, a, b, use_gelu=gelu)
+        else:
+            out = torch.addmm(bias, a, b)
+            out = torch.nn.functional.gelu(out, approximate="tanh") if gelu else torch.relu(out)
+        return out.view(self.shape) if self.shape is not None else out
 
     def __repr__(self) -> str:  # generated launchers' comments name the call
         return f"kiln.addmm_{self.activation}"

@@ -121,3 +121,21 @@ def test_the_calls_cpu_path_computes_the_tanh_gelu() -> None:
     assert_matches(got, F.gelu(torch.addmm(b, x, w), approximate="tanh"), MM_TOL)
     with pytest.raises(ValueError, match="unknown activation"):
         AddmmActivation("swish")
+
+
+def test_a_product_viewed_back_to_three_dims_qualifies_and_keeps_the_graphs_shape() -> None:
+    """Hugging Face GPT-2's Conv1D: addmm of the flattened tokens, viewed back to
+    (batch, seq, features), then its GELU."""
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _gelu_new(torch.addmm(b, x.view(-1, x.shape[-1]), w).view(x.shape[0], x.shape[1], -1))
+
+    inputs = [rand((2, 9, 24), seed=8), rand((24, 20), seed=9), rand((20,), seed=10)]
+    gm = trace(fn, *inputs)
+    program, _ = lower_graph(gm, inputs)
+    (group,) = program.kernels
+    assert activation_of(group)[0] == "gelu_tanh"
+    schedule = compiler.heuristic_schedule(gm, H200, inputs)
+    built = compiler.build(gm, schedule.with_kernel(group.name, variant="aten_act"), inputs)
+    got = built(*inputs)
+    assert got.shape == (2, 9, 20)
+    assert_matches(got, fn(*inputs), MM_TOL)

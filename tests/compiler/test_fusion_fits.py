@@ -43,7 +43,8 @@ def test_can_fuse_agrees_with_generating_the_grown_kernel(monkeypatch: pytest.Mo
         def can_fuse(self: kinds.KernelKind, group: KernelGroup, node: fx.Node, reads: Reads,
                      _original: Callable = original) -> bool:
             got = _original(self, group, node, reads)
-            assert got == _generates(self, group, reads.is_buffer), (self.name, group.name, node.name, got)
+            if self.serves(group):  # a kind made for one pattern generates only that
+                assert got == _generates(self, group, reads.is_buffer), (self.name, group.name, node.name, got)
             asked[f"{self.name}, {'refused' if not got else 'taken'}"] += 1
             return got
 

@@ -21,13 +21,14 @@ def test_every_group_kind_is_served_and_variants_name_one_kind() -> None:
     assert {k: kinds.variants_of(k) for k in ("pointwise", "reduction", "matmul")} == {
         "pointwise": ("pointwise",),
         "reduction": ("looped", "persistent", "online"),
-        "matmul": ("aten", "triton"),
+        "matmul": ("aten_act", "aten", "triton"),
     }
     for kind in kinds.KINDS:
         for variant in kind.variants:
             assert kinds.kind_of(kind.group_kind, variant) is kind
             assert kinds.kind_of_variant(variant) is kind
-    assert kinds.variant_order() == ("pointwise", "persistent", "online", "looped", "aten", "triton")
+    assert kinds.variant_order() == ("pointwise", "persistent", "online", "looped", "aten_act",
+                                     "aten", "triton")
     with pytest.raises(ValueError, match="not one of"):
         kinds.kind_of("reduction", "triton")
     assert kinds.kind_of_variant("nope") is None
@@ -120,7 +121,7 @@ def test_a_reduction_variant_is_one_entry_in_its_kind(monkeypatch: pytest.Monkey
     entry = next(k for k in built.schedule.to_json()["kernels"] if k["name"] == red.name)
     space, _ = candidates(entry, compiler.Target.named("sm_90", name="NVIDIA H200"))
     assert {c.variant for c in space} == {"looped", "persistent", "toy"}
-    assert kinds.variant_order()[-3:] == ("toy", "aten", "triton")
+    assert kinds.variant_order()[-4:] == ("toy", "aten_act", "aten", "triton")
     assert Candidate.make(red.name, "toy", {}).order_key() < Candidate.make(red.name, "aten", {}).order_key()
     with pytest.raises(ValueError, match="RBLOCK must be a power of two"):
         validate_config("reduction", "toy", dict(red.config, RBLOCK=24), red.sizes, red.name)

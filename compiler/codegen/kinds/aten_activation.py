@@ -35,12 +35,14 @@ from compiler.codegen.kinds import aten as aten_kind
 from compiler.codegen.kinds import matmul as matmul_kind
 from compiler.codegen.kinds.base import Config, KernelKind, Point
 from compiler.codegen.writer import Generated
-from compiler.ir import Domain, KernelGroup, meta
+from compiler.ir import Domain, KernelGroup, contiguous_strides, meta
 
 aten = torch.ops.aten
 
 # Casts are identities in the float64 probe (the chain's rounding is not what is compared).
 _CASTS = (torch.ops.prims.convert_element_type.default, aten._to_copy.default)
+# Row-major to row-major reshapes (GPT-2's Conv1D views the 2-D product back to 3-D).
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _PROBE = torch.cat([torch.linspace(-12.0, 12.0, 4801, dtype=torch.float64),
                     torch.tensor([0.0, -0.0, 1e-6, -1e-6, 30.0, -30.0], dtype=torch.float64)])
 _SQRT_2_OVER_PI = (2.0 / torch.pi) ** 0.5
@@ -100,12 +102,14 @@ def _downstream(mm: fx.Node, nodes: set[fx.Node]) -> list[fx.Node]:
 
 
 def _probe(mm: fx.Node, chain: list[fx.Node], result: fx.Node) -> torch.Tensor | None:
-    """The chain's value at the probe points, in float64 (None: it is not elementwise)."""
+    """The chain's value at the probe points, in float64 (None: it is not elementwise over
+    row-major values of the product's element count)."""
     env: dict[fx.Node, Any] = {mm: _PROBE}
     for node in chain:
-        if meta(node).shape != meta(mm).shape:
+        m = meta(node)
+        if m.numel != meta(mm).numel or m.stride != contiguous_strides(m.shape):
             return None
-        if node.target in _CASTS:
+        if node.target in _CASTS or node.target in _RESHAPES:  # the elements stay in order
             env[node] = env[node.args[0]]
             continue
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
@@ -133,10 +137,13 @@ class AtenActivationKind(KernelKind):
     def validate(self, variant: str, config: dict[str, Any], sizes: dict[str, int], name: str) -> None:
         """Any config: it does not apply to the call (it is the template's, kept)."""
 
+    def serves(self, group: KernelGroup) -> bool:
+        return activation_of(group) is not None
+
     def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point | None:
         """Where the `aten` kind would claim the group and the epilogue qualifies."""
         point = aten_kind.KIND.heuristic(group, gpu, arch)
-        if point is None or activation_of(group) is None:
+        if point is None or not self.serves(group):
             return None
         return "aten_act", point[1]
 

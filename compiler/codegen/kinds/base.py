@@ -82,6 +82,11 @@ class KernelKind:
     keeps_config_of: str | None = None  # variant whose config a schedule keeps for this one
     library: bool = False  # the kernel's main work is an ATen (library) call
 
+    def serves(self, group: KernelGroup) -> bool:
+        """Whether this kind can compute `group` at all (its group kind aside): a kind made
+        for one pattern of group serves only those, and never refuses a fusion."""
+        return True
+
     def validate(self, variant: str, config: dict[str, Any], sizes: dict[str, int], name: str) -> None:
         """Raise ValueError, naming the kernel and the key, for a config invalid for this kind."""
         validate_keys(self.config_keys, config, name)
