@@ -29,13 +29,11 @@ from typing import Any
 import torch
 from torch import fx
 
-from compiler.codegen.access import Reads
 from compiler.codegen.common import Unsupported
 from compiler.codegen.kinds import aten as aten_kind
-from compiler.codegen.kinds import matmul as matmul_kind
-from compiler.codegen.kinds.base import Config, KernelKind, Point
+from compiler.codegen.kinds.base import Config, Point
 from compiler.codegen.writer import Generated
-from compiler.ir import Domain, KernelGroup, contiguous_strides, meta
+from compiler.ir import KernelGroup, contiguous_strides, meta
 
 aten = torch.ops.aten
 
@@ -91,13 +89,27 @@ def activation_of(group: KernelGroup) -> tuple[str, fx.Node] | None:
 
 
 def _downstream(mm: fx.Node, nodes: set[fx.Node]) -> list[fx.Node]:
-    """The nodes of `nodes` computed from `mm`, in graph order."""
-    found: set[fx.Node] = {mm}
-    ordered = []
-    for node in mm.graph.nodes:
-        if node in nodes and node is not mm and any(i in found for i in node.all_input_nodes):
-            found.add(node)
+    """The nodes of `nodes` computed from `mm` through `nodes`, each after its inputs (a
+    walk over users: a graph of thousands of nodes is not scanned once per matmul)."""
+    found: list[fx.Node] = []
+    seen = {mm}
+    todo = [mm]
+    while todo:
+        for user in todo.pop().users:
+            if user in nodes and user not in seen:
+                seen.add(user)
+                found.append(user)
+                todo.append(user)
+    ordered: list[fx.Node] = []
+    placed = {mm}
+    while found:
+        ready = [n for n in found if all(i in placed or i not in seen for i in n.all_input_nodes)]
+        if not ready:
+            return []  # not reachable in a graph; nothing qualifies
+        for node in ready:
             ordered.append(node)
+            placed.add(node)
+            found.remove(node)
     return ordered
 
 
@@ -123,26 +135,19 @@ def _probe(mm: fx.Node, chain: list[fx.Node], result: fx.Node) -> torch.Tensor |
     return env[result]
 
 
-class AtenActivationKind(KernelKind):
+class AtenActivationKind(aten_kind.AtenKind):
+    """The `aten` kind's group, fusion and config rules; its own variant, claim and call."""
+
     name = "aten_act"
-    group_kind = "matmul"
     variants = ("aten_act",)
     tie_order = variants
-    configurable = False
-    keeps_config_of = "triton"
-    library = True
-    anchor_op = "matmul"
-    anchor_joins = False
-
-    def validate(self, variant: str, config: dict[str, Any], sizes: dict[str, int], name: str) -> None:
-        """Any config: it does not apply to the call (it is the template's, kept)."""
 
     def serves(self, group: KernelGroup) -> bool:
         return activation_of(group) is not None
 
     def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point | None:
         """Where the `aten` kind would claim the group and the epilogue qualifies."""
-        point = aten_kind.KIND.heuristic(group, gpu, arch)
+        point = super().heuristic(group, gpu, arch)
         if point is None or not self.serves(group):
             return None
         return "aten_act", point[1]
@@ -156,13 +161,10 @@ class AtenActivationKind(KernelKind):
         return []
 
     def launch_config(self, group: KernelGroup, config: Config, gpu: bool) -> Config:
-        return {}
+        return {}  # nothing is launched
 
     def grid(self, group: KernelGroup, variant: str, config: Config) -> tuple[int, ...]:
         return ()
-
-    def elements(self, group: KernelGroup) -> int:
-        return matmul_kind.matmul_elements(group)
 
     def generate(self, group: KernelGroup, variant: str, is_buffer: Callable[[fx.Node], bool],
                  comment: list[str], int64: bool) -> Generated:
@@ -173,15 +175,6 @@ class AtenActivationKind(KernelKind):
         lines = [f"# {line}" for line in comment]
         lines.append(f"# one library call: torch._addmm_activation ({found[0]}) on a GPU")
         return Generated(group.stem, "\n".join(lines) + "\n", [], [], [])
-
-    def start(self, node: fx.Node, name: str, position: int) -> KernelGroup:
-        return matmul_kind.KIND.start(node, name, position)
-
-    def joined(self, group: KernelGroup, node: fx.Node, reads: Reads) -> tuple[str, Domain] | None:
-        return matmul_kind.KIND.joined(group, node, reads)
-
-    def can_fuse(self, group: KernelGroup, node: fx.Node, reads: Reads) -> bool:
-        return True
 
 
 KIND = AtenActivationKind()
