@@ -125,6 +125,7 @@ class NodeKind:
     view: bool = False  # index arithmetic over its input: never computed, never stored
     lazy: bool = False  # computed where it is read, or stored where kernels share it
     reads_memory: bool = False  # reads its inputs from buffers (an ATen call, a matmul)
+    windows: bool = False  # may read an input at several computed positions (pooling)
 
     @property
     def realized(self) -> bool:
@@ -135,7 +136,7 @@ class NodeKind:
 NODE_KINDS: dict[str, NodeKind] = {k.name: k for k in (
     NodeKind("input", source=True), NodeKind("const", source=True), NodeKind("output"),
     NodeKind("extern", extern=True, reads_memory=True), NodeKind("view", view=True),
-    NodeKind("pointwise", lazy=True), NodeKind("index", lazy=True),
+    NodeKind("pointwise", lazy=True), NodeKind("index", lazy=True, windows=True),
     NodeKind("reduction", anchor=True), NodeKind("matmul", anchor=True, reads_memory=True),
 )}
 

@@ -37,11 +37,14 @@ node reads of a kernel's anchors, and the members of the kernels they asked abou
 
 from __future__ import annotations
 
+from collections import Counter
+
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
 from compiler.codegen import kinds
-from compiler.codegen.access import Checks, Reads
+from compiler.codegen.access import Checks, Reads, input_reads
+from compiler.codegen.common import dim_names
 from compiler.codegen.rules import NodeKind, node_kind
 from compiler.ir import ExternStep, KernelGroup, Step, ViewStep, meta
 
@@ -106,6 +109,19 @@ class Planner:
         if self.kinds[node].lazy:
             self.realized.add(node)
 
+    def realize_inner_windows(self, node: fx.Node) -> None:
+        """Give a buffer to a lazy value that `node` reads at several positions when
+        inlining it there would unroll more than `MAX_INLINED_LOADS` loads (the positions
+        times the value's own window). A max pooling's indices read by its backward in the
+        same graph: resnet's 3x3 stride-2 window is 4 candidates of 9 loads and stays
+        inlined; a dilated 3x3 window at stride 1 is 25 candidates of 9, a 1,600-line kernel
+        that ptxas compiled for minutes."""
+        for arg, count in _positions(node).items():
+            if count > 1 and self.kinds[arg].lazy and self.kinds[arg].windows:
+                inner = max(_positions(arg).values(), default=1)
+                if count * inner > MAX_INLINED_LOADS:
+                    self.need_buffer(arg)
+
     def deps(self, node: fx.Node) -> frozenset[fx.Node]:
         """Buffers that computing `node` (inlining lazy inputs) reads."""
         # Lazy inputs first, deepest first, with an explicit stack: a chain of thousands of
@@ -139,6 +155,8 @@ class Planner:
             if self.kinds[n].reads_memory:
                 for a in n.all_input_nodes:
                     self.need_buffer(a)
+            if self.kinds[n].windows:
+                self.realize_inner_windows(n)
         while True:  # ends: every round realizes at least one more node
             steps, groups = self.group()
             shared = set() if self.recut else self.shared_values(groups)
@@ -341,3 +359,15 @@ def _take(group: KernelGroup, grown: KernelGroup) -> None:
 def _producers(nodes: frozenset[fx.Node] | set[fx.Node], position: dict[fx.Node, int]) -> set[int]:
     """Steps that computed `nodes` (graph inputs and constants left out)."""
     return {position[n] for n in nodes if position.get(n, -1) >= 0}
+
+
+# Loads per element that inlining one windowed value into another's reads may unroll (the
+# pooling kernels' own bound on a window, compiler/codegen/pooling.py MAX_WINDOW).
+MAX_INLINED_LOADS = 64
+
+
+def _positions(node: fx.Node) -> Counter[fx.Node]:
+    """How many positions of each input `node`'s value at one index reads."""
+    shape = meta(node).shape
+    found = input_reads(node, dim_names("i", shape, "i") if shape else ())
+    return Counter(arg for arg, _ in found)
