@@ -4,8 +4,9 @@ registry's metadata alone (no code is generated while planning).
 1. classify each node (`rules.node_kind`: input, pointwise, view, index, reduction, matmul,
    extern), from each op rule's declared refusals;
 2. realize: anchors (reductions, matmuls), ATen calls, graph outputs and the arguments of
-   nodes that read memory get buffers; every other pointwise/view/index node is inlined
-   into the kernels that read it;
+   nodes that read memory get buffers, and so does a windowed value (pooling) that another
+   reads at so many positions that inlining would unroll more than `MAX_INLINED_LOADS`
+   loads; every other pointwise/view/index node is inlined into the kernels that read it;
 3. group the realized nodes in topological order: a node joins an earlier related kernel
    (it reads the kernel's members or what they read, or, for kinds that join siblings,
    the same producers) when its inputs are ready before that kernel runs and the kernel
