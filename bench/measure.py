@@ -73,16 +73,21 @@ def device_profile(step: Callable[[], Any], sync: Callable[[], None], n: int) ->
         for _ in range(n):
             step()
         sync()
-    total_us = sum(e.self_device_time_total for e in prof.key_averages()
-                   if e.key not in PROFILER_MARKERS)
-    names = [e.name for e in prof.events()
-             if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in PROFILER_MARKERS]
-    return {"gpu_ms": total_us / 1000 / n, **device_counts(names, n)}
+    gpu_ms = gpu_ms_per_step([(e.key, e.self_device_time_total) for e in prof.key_averages()], n)
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"gpu_ms": gpu_ms, **device_counts(names, n)}
+
+
+def gpu_ms_per_step(device_us: list[tuple[str, float]], n: int) -> float:
+    """GPU ms a step from the profiler's (row, self device us) totals over `n` steps,
+    without the profiler's own rows."""
+    return sum(us for key, us in device_us if key not in PROFILER_MARKERS) / 1000 / n
 
 
 def device_counts(names: list[str], n: int) -> dict[str, float]:
     """Per step, of the device activities named `names` over `n` steps: kernels (memcpys and
     memsets apart), device-to-device memcpys, copy kernels and layout conversions."""
+    names = [name for name in names if name not in PROFILER_MARKERS]
     lower = [name.lower() for name in names]
     memcpy = sum("memcpy" in name and "dtod" in name for name in lower)
     copies = sum("copy" in name and "memcpy" not in name for name in lower)
