@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_flatten
 from compiler.codegen import kinds
 from compiler.codegen.access import Checks, Reads, input_reads
 from compiler.codegen.common import dim_names
+from compiler.codegen.pooling import MAX_WINDOW
 from compiler.codegen.rules import NodeKind, node_kind
 from compiler.ir import ExternStep, KernelGroup, Step, ViewStep, meta
 
@@ -362,9 +363,9 @@ def _producers(nodes: frozenset[fx.Node] | set[fx.Node], position: dict[fx.Node,
     return {position[n] for n in nodes if position.get(n, -1) >= 0}
 
 
-# Loads per element that inlining one windowed value into another's reads may unroll (the
-# pooling kernels' own bound on a window, compiler/codegen/pooling.py MAX_WINDOW).
-MAX_INLINED_LOADS = 64
+# Loads per element that inlining one windowed value into another's reads may unroll: the
+# bound the pooling kernels keep for one window (one constant, so both move together).
+MAX_INLINED_LOADS = MAX_WINDOW
 
 
 def _positions(node: fx.Node) -> Counter[fx.Node]:
