@@ -158,18 +158,21 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 class _Partition:
     """AOTAutograd's partitioner, keeping what it made of one model's joint graph: the
     backward graph, until the forward compiler hands it on to be compiled ahead
-    (`kiln.ahead`); a pair with convolutions is laid out channels-last end to end."""
+    (`kiln.ahead`); a pair with convolutions is laid out channels-last end to end, and the
+    backward returns each gradient in its input's layout."""
 
     def __init__(self) -> None:
         self.backward: torch.fx.GraphModule | None = None
 
     def __call__(self, joint: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        from compiler.lowering.gradient_layout import gradients_in_input_layouts
         from compiler.lowering.partition import partition
 
         forward, backward = partition(joint, *args, **kwargs)
         self.backward = backward if isinstance(backward, torch.fx.GraphModule) else None
         if self.backward is not None and isinstance(kwargs.get("num_fwd_outputs"), int):
             forward, backward = _one_layout(forward, backward, kwargs["num_fwd_outputs"])
+            gradients_in_input_layouts(forward, backward)
             self.backward = backward
         return forward, backward
 
