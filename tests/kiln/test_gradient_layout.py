@@ -107,3 +107,35 @@ def test_kilns_backward_returns_the_weights_layout_and_the_same_gradients_as_eag
     torch.testing.assert_close(module.w.grad, reference.w.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(module.proj.weight.grad, reference.proj.weight.grad,
                                rtol=1e-4, atol=1e-5)
+
+
+class ReadTwice(nn.Module):
+    """One weight read twice through channels-last copies, by a convolution and by a square:
+    its gradient is the sum of two channels-last values. The images take no gradient (the
+    backward returns None for them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, 3, 3) / 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, self.w.contiguous(memory_format=CL), padding=1)
+        return y.flatten(1).sum(1) + (self.w.contiguous(memory_format=CL) ** 2).sum()
+
+
+def test_a_weight_read_twice_trains_as_eagerly_with_its_own_layout(kiln_warnings):
+    kiln.configure(url=None)
+    torch.manual_seed(0)
+    module, reference = ReadTwice(), ReadTwice()
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(2, 4, 5, 5)
+    returned = _returned(_graphs(ReadTwice(), x)["backward"])
+    assert returned[1] is None  # the images: no gradient, nothing to lay out
+    assert returned[0].meta["val"].stride() == module.w.stride()
+    torch._dynamo.reset()
+    got: list[tuple[int, ...]] = []
+    module.w.register_hook(lambda g: got.append(g.stride()))
+    torch.compile(module, backend=kiln.remote_compile)(x).sum().backward()
+    reference(x).sum().backward()
+    assert got == [module.w.stride()]
+    torch.testing.assert_close(module.w.grad, reference.w.grad, rtol=1e-4, atol=1e-5)
