@@ -60,6 +60,29 @@ def test_only_relu_and_the_tanh_gelu_of_the_product_alone_qualify(name: str) -> 
     assert kinds.heuristic(group, False)[0] == "triton", "never on the CPU"
 
 
+def test_an_epilogue_is_probed_once_however_often_it_is_asked_and_others_stay_apart(
+        monkeypatch) -> None:
+    from compiler.codegen.kinds import aten_activation
+
+    monkeypatch.setattr(aten_activation, "_MATCHED", {})
+    probes = []
+    real = aten_activation._probe
+    monkeypatch.setattr(aten_activation, "_probe", lambda *a: probes.append(1) or real(*a))
+    inputs = _inputs(64, 32, 48)
+    twice = _mlp(lambda h: F.gelu(F.gelu(h, approximate="tanh") - 1, approximate="tanh"))
+    found = []
+    for name in ("gelu_tanh", "gelu_erf", "gelu_tanh", "relu"):
+        act = EPILOGUES[name][0]
+        program, _ = lower_graph(trace(_mlp(act), *inputs), inputs)
+        (group,) = program.kernels
+        found += [activation_of(group), activation_of(group)]
+    program, _ = lower_graph(trace(twice, *inputs), inputs)
+    found.append(activation_of(program.kernels[0]))
+    assert [f and f[0] for f in found] == [
+        "gelu_tanh", "gelu_tanh", None, None, "gelu_tanh", "gelu_tanh", "relu", "relu", None]
+    assert len(probes) == 4  # tanh-GELU, erf-GELU, ReLU, and the GELU of a GELU
+
+
 def test_a_product_read_elsewhere_or_an_epilogue_reading_another_tensor_does_not_qualify() -> None:
     x, w, b = _inputs()
     r = rand((4096, 3072), seed=4)
