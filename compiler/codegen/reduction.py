@@ -302,6 +302,7 @@ class RowFrame:
             w.emit("rindex = rbase")
         w.emit("rmask = rindex < rnumel")
         w.emit("rowmask = xmask & rmask")
+        w.row_masks["rowmask"] = "xmask"
         full = self.full_index(define_dims(w, "rindex", self.red_shape, "r"))
         _flat_forms(w, self.dom, full, self.shape)
         return full

@@ -11,6 +11,7 @@ other index raises `NotFusible`. The templates (`pointwise.py`, `reduction.py`,
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 
 from torch import fx
@@ -67,6 +68,11 @@ class Writer:
         # flat forms that hold for buffers of these strides, not row-major ones
         self.flat_layouts: dict[tuple[Index, tuple[int, ...]], tuple[int, ...]] = {}
         self.combos: dict[str, str] = {}  # "r0 * 1024 + r1" -> "rindex" (see define_dims)
+        # A block's mask -> the mask of its rows alone ("rowmask" -> "xmask", set by the
+        # reduction kernels): a load whose offset reads row variables alone (a LayerNorm
+        # backward's mean and rstd) takes the row mask and loads one value a row, where the
+        # block's mask made every lane load it again (scalar 16-bit loads in the PTX).
+        self.row_masks: dict[str, str] = {}
         self.helpers: set[str] = set()
         self.inlined: dict[fx.Node, None] = {}  # ordered set: large kernels inline thousands
         self.counter = 0
@@ -139,6 +145,8 @@ class Writer:
         if offset.isdigit():  # one fixed, always valid element: a scalar load, no mask
             expr = f"tl.load({param} + {offset})" if offset != "0" else f"tl.load({param})"
         else:
+            if mask in self.row_masks and _row_variables_only(offset):
+                mask = self.row_masks[mask]
             expr = f"tl.load({param} + {paren(offset)}, {mask}, other=0)"
         want = compute_dtype(m.dtype) if upcast else m.dtype
         if want != m.dtype:
@@ -202,6 +210,15 @@ class Writer:
             return Var(self.value(arg, broadcast_index(idx, meta(node).shape, m.shape), mask),
                        compute_dtype(m.dtype))
         return arg
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_ROW_VARIABLE = re.compile(r"xindex|x\d+")
+
+
+def _row_variables_only(offset: str) -> bool:
+    """Whether `offset` reads the row index variables alone (`xindex`, `x0`, ...)."""
+    return all(_ROW_VARIABLE.fullmatch(name) for name in _IDENTIFIER.findall(offset))
 
 
 def index_bits(metas: list[TensorMeta]) -> bool:
