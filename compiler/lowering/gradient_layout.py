@@ -20,6 +20,7 @@ state are handled: row-major and channels-last.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -28,7 +29,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from compiler.ir import MetaError, TensorMeta, same_strides
+from compiler.ir import TensorMeta, same_strides
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -63,7 +64,7 @@ def gradients_in_input_layouts(forward: fx.GraphModule, backward: fx.GraphModule
         with unset_fake_temporarily():
             propagate_meta(backward, [TensorMeta.of(v) for v in vals])
         targets = _targets(inputs, grads)
-    except (MetaError, RuntimeError, TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a layout left as traced still trains
         log.debug("kiln: gradient layouts left as traced: %s", exc)
         return 0
     finally:
@@ -104,9 +105,5 @@ def _restrided(val: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A value of `val`'s kind (fake or real) with `val`'s dtype and `like`'s shape and
     strides: the copy's traced value."""
     fake_mode = torch._guards.detect_fake_mode([val])
-    make = lambda: torch.empty_strided(like.shape, like.stride(), dtype=val.dtype,  # noqa: E731
-                                       device=val.device)
-    if fake_mode is None:
-        return make()
-    with fake_mode:
-        return make()
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return torch.empty_strided(like.shape, like.stride(), dtype=val.dtype, device=val.device)
