@@ -20,7 +20,6 @@ state are handled: row-major and channels-last.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
@@ -29,7 +28,10 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from compiler.ir import TensorMeta, same_strides
+from compiler.ir import TensorMeta, dense, same_strides
+from compiler.lowering.layout import channels_last
+from compiler.lowering.lower import propagate_meta
+from compiler.lowering.training_layout import fake_value
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -38,9 +40,10 @@ aten = torch.ops.aten
 def _memory_format(value: torch.Tensor) -> torch.memory_format | None:
     """The memory format that states `value`'s layout, or None (overlapping, gapped, or
     dense in another order)."""
-    if value.is_contiguous():
+    m = TensorMeta.of(value)
+    if dense(m):
         return torch.contiguous_format
-    if value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last):
+    if channels_last(m):
         return torch.channels_last
     return None
 
@@ -50,8 +53,6 @@ def gradients_in_input_layouts(forward: fx.GraphModule, backward: fx.GraphModule
     backward's output i) comes out in that input's layout; how many gradients got a copy.
     Nothing changes where the two graphs do not pair one output per input, or where the
     backward's metadata cannot be propagated."""
-    from compiler.lowering.lower import propagate_meta
-
     inputs = [n.meta.get("val") for n in forward.graph.find_nodes(op="placeholder")]
     placeholders = list(backward.graph.find_nodes(op="placeholder"))
     vals = [p.meta.get("val") for p in placeholders]
@@ -104,6 +105,5 @@ def _targets(inputs: list[Any], grads: list[Any]) -> dict[int, torch.memory_form
 def _restrided(val: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A value of `val`'s kind (fake or real) with `val`'s dtype and `like`'s shape and
     strides: the copy's traced value."""
-    fake_mode = torch._guards.detect_fake_mode([val])
-    with fake_mode if fake_mode is not None else contextlib.nullcontext():
-        return torch.empty_strided(like.shape, like.stride(), dtype=val.dtype, device=val.device)
+    meta = TensorMeta(val.dtype, tuple(like.shape), tuple(like.stride()), 0)
+    return fake_value(meta, torch._guards.detect_fake_mode([val]), val.device)

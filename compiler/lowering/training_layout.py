@@ -65,14 +65,14 @@ def channels_last_training(forward: fx.GraphModule, backward: fx.GraphModule,
         device = next((v.device for v in vals if v.device.type != "cpu"), vals[0].device)
         for node in forward.graph.nodes:
             if node not in before:  # a copy the pass put in
-                node.meta["val"] = _fake(node.meta["kiln_meta"], fake_mode, device)
+                node.meta["val"] = fake_value(node.meta["kiln_meta"], fake_mode, device)
         placeholders = {i: saved_into[leaves[i].name] for i in free}
         leaves = _save_copies(forward, out_node, leaves, free, before)
         for i in sorted(free):
             placeholder = placeholders[i]
             meta = leaves[i].meta["kiln_meta"]
             if tuple(placeholder.meta["val"].stride()) != tuple(meta.stride):
-                placeholder.meta["val"] = _fake(meta, fake_mode, device)
+                placeholder.meta["val"] = fake_value(meta, fake_mode, device)
         forward.recompile()
         backward.recompile()
     for node in forward.graph.nodes:
@@ -96,7 +96,7 @@ def _save_copies(forward: fx.GraphModule, out_node: fx.Node, leaves: list[Any],
     return saved
 
 
-def _fake(meta: TensorMeta, fake_mode: Any, device: torch.device) -> torch.Tensor:
+def fake_value(meta: TensorMeta, fake_mode: Any, device: torch.device) -> torch.Tensor:
     """A tensor of `meta`'s dtype, shape and strides on `device`, in the graphs' fake mode
     (real, uninitialised, where there is none: graphs traced on real tensors)."""
     if fake_mode is None:
