@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.measure import PROFILER_MARKERS
+from bench.measure import LAYOUT_CONVERSIONS, PROFILER_MARKERS
 
 # Triton kernels by their names' start (kiln's `fused_`, Inductor's `triton_`), since those
 # name the ops they fuse ("convolution", "copy"); then the other kinds, first match wins
@@ -34,7 +34,7 @@ TRITON_PREFIXES = ("fused_", "triton_")
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("memcpy", ("memcpy",)),
     ("memset", ("memset",)),
-    ("layout conversion", ("nchwtonhwc", "nhwctonchw")),
+    ("layout conversion", tuple(name.lower() for name in LAYOUT_CONVERSIONS)),
     ("attention", ("flash", "fmha", "sdpa", "attention", "dot_do_o", "convert_dq")),
     ("convolution", ("conv", "dgrad", "wgrad", "fprop", "cudnn")),
     ("library matmul", ("nvjet", "gemm", "cublas")),
