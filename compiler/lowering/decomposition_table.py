@@ -40,7 +40,8 @@ _BREAK_UP = (
 )
 
 # Ops that stay single ATen calls: matmuls and convolutions go to cuBLAS/cuDNN or a matmul
-# template, attention to its fused kernel, embedding backward to its scatter-add kernel.
+# template, attention to its fused kernel, embedding backward to kiln's library call
+# (`compiler/runtime/library_calls.py`: ATen's own kernel where that one does not apply).
 _KEEP_WHOLE = (
     "mm",
     "addmm",

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from compiler.runtime.extern_layout import laid_out, layouts, returns_fresh
 from compiler.runtime.interpreter_fixes import patch_interpreter_bf16_dot
-from compiler.runtime.library_calls import AddmmActivation
+from compiler.runtime.library_calls import AddmmActivation, library_call
 
 
 @dataclass
@@ -177,13 +177,13 @@ class Call:
     """An ATen call (extern op, view, getitem) on environment values."""
 
     def __init__(self, node: fx.Node, slots: dict[fx.Node, int]) -> None:
-        self.target = node.target
+        self.target = library_call(node.target)
         self.args = Args((node.args, node.kwargs), slots)
         self.tree = slot_tree((node.args, dict(node.kwargs)), slots)  # for generated launchers
         self.meta = node.meta.get("kiln_meta")  # the result's dtype and layout, when a tensor
         self.slot = slots[node]
         # the layout kernels read the result in, enforced on what the library returns
-        self.layout = layouts(self.meta) if returns_fresh(self.target) else None
+        self.layout = layouts(self.meta) if returns_fresh(node.target) else None
 
     def run(self, env: list[Any], device: torch.device, record: list | None) -> None:
         args, kwargs = self.args.bind(env)

@@ -22,7 +22,7 @@ from compiler.wire.schema import brief
 
 # Bump whenever generated code changes (or the graphs a client makes: plans are keyed by
 # it too): every tuning key changes with it.
-COMPILER_VERSION = "0.1.9"
+COMPILER_VERSION = "0.1.10"
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+\-]{0,63}")
