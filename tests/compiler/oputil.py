@@ -68,3 +68,20 @@ def strided(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, seed: in
     view = base[tuple(slice(1, None) for _ in shape)]
     assert view.shape == shape and view.storage_offset() > 0
     return view
+
+
+def layer_norm_backward(grad, x, mean, rstd, w, b):  # noqa: ANN001, ANN201
+    """`native_layer_norm_backward` over the last dim, every gradient asked for."""
+    return torch.ops.aten.native_layer_norm_backward(grad, x, [x.shape[-1]], mean, rstd, w, b,
+                                                     [True, True, True])
+
+
+def layer_norm_backward_inputs(rows: int, width: int,
+                               dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """Gradient, input, its float32 mean and rstd (as a GPU's LayerNorm saves them for a
+    bfloat16 input), weight and bias."""
+    x = rand((rows, width), dtype, seed=1)
+    mean = x.float().mean(-1, keepdim=True)
+    rstd = torch.rsqrt(x.float().var(-1, unbiased=False, keepdim=True) + 1e-5)
+    return [rand((rows, width), dtype, seed=2), x, mean, rstd,
+            rand((width,), dtype, seed=3), rand((width,), dtype, seed=4)]

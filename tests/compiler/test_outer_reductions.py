@@ -13,24 +13,15 @@ import compiler
 from compiler.codegen import kinds
 from compiler.codegen.limits import gpu_limits
 from compiler.lowering.frontend import lower_graph
-from tests.compiler.oputil import assert_matches, rand, trace
+from tests.compiler.oputil import (
+    assert_matches,
+    layer_norm_backward,
+    layer_norm_backward_inputs,
+    rand,
+    trace,
+)
 from tuner.records import Candidate
 from tuner.space import prune_reason, raw_space
-
-aten = torch.ops.aten
-
-
-def _layer_norm_backward(grad, x, mean, rstd, w, b):  # noqa: ANN001, ANN202
-    return aten.native_layer_norm_backward(grad, x, [x.shape[-1]], mean, rstd, w, b,
-                                           [True, True, True])
-
-
-def _ln_inputs(rows: int, width: int, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
-    x = rand((rows, width), dtype, seed=1)
-    mean = x.float().mean(-1, keepdim=True)
-    rstd = torch.rsqrt(x.float().var(-1, unbiased=False, keepdim=True) + 1e-5)
-    return [rand((rows, width), dtype, seed=2), x, mean, rstd,
-            rand((width,), dtype, seed=3), rand((width,), dtype, seed=4)]
 
 
 def _batch_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -43,11 +34,11 @@ def _outer_groups(fn, *inputs):  # noqa: ANN001, ANN202
 
 
 def _gpt2_layer_norm():  # noqa: ANN202 - GPT-2 at batch 8 x 512: 4096 rows of 768
-    return _outer_groups(_layer_norm_backward, *_ln_inputs(4096, 768))
+    return _outer_groups(layer_norm_backward, *layer_norm_backward_inputs(4096, 768))
 
 
 def _vit_layer_norm():  # noqa: ANN202 - ViT-B/16 at batch 32: 6304 rows of 768
-    return _outer_groups(_layer_norm_backward, *_ln_inputs(6304, 768))
+    return _outer_groups(layer_norm_backward, *layer_norm_backward_inputs(6304, 768))
 
 
 def _bias_gradient():  # noqa: ANN202 - a linear layer's bias gradient, 8192 tokens of 4096
@@ -103,11 +94,11 @@ def test_the_tuners_space_holds_every_outer_config_the_heuristic_picks(case: str
 
 def test_gpu_tiles_compute_the_same_gradients() -> None:
     """The GPU's schedule run on the interpreter at an odd size (37 rows of 96)."""
-    inputs = _ln_inputs(37, 96, torch.float32)
-    gm = trace(_layer_norm_backward, *inputs)
+    inputs = layer_norm_backward_inputs(37, 96, torch.float32)
+    gm = trace(layer_norm_backward, *inputs)
     schedule = compiler.heuristic_schedule(gm, compiler.Target.named("sm_90", name="NVIDIA H200"),
                                            inputs)
     outer = [k for k in schedule.kernels if k.kind == "reduction" and k.config["XBLOCK"] < 64]
     assert outer, [k.config for k in schedule.kernels]
     built = compiler.build(gm, schedule, inputs)
-    assert_matches(built(*inputs), _layer_norm_backward(*inputs))
+    assert_matches(built(*inputs), layer_norm_backward(*inputs))
