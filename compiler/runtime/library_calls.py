@@ -39,10 +39,15 @@ class AddmmActivation:
         return f"kiln.addmm_{self.activation}"
 
 
-# The compact embedding backward pays a dozen small launches where ATen pays a radix sort
-# of the indices: it wins once the table has more rows than there are indices (a
-# vocabulary against a batch's tokens), not on a small one such as GPT-2's positions.
+# Where the compact embedding backward applies (estimates from ATen's kernel times in GPT-2's
+# step, to be replaced by `bench.embedding_backward`'s measurements). It saves ATen's radix
+# sort of the indices, whose cost grows with the table's index bits: worth it for a
+# vocabulary, not for a table with fewer rows than twice the tokens (GPT-2's 1024
+# positions). It pays about 40 bytes of traffic per gradient element (float32 sums, the
+# cast, the gather, the scatter) where ATen pays about 12: past ~8M elements (a
+# Llama-sized 8192 tokens x 4096) those passes cost more than the sort saves.
 COMPACT_MIN_ROWS_PER_INDEX = 2
+COMPACT_MAX_ELEMENTS = 1 << 23
 
 
 def embedding_dense_backward(grad: torch.Tensor, indices: torch.Tensor, num_weights: int,
@@ -58,21 +63,25 @@ def embedding_dense_backward(grad: torch.Tensor, indices: torch.Tensor, num_weig
     the same values). The table is written once in its own dtype, never in float32.
 
     ATen's op runs instead off CUDA, with `scale_grad_by_freq`, under
-    `torch.use_deterministic_algorithms` (the atomic sums' order varies between runs) and
-    for tables with few rows per index (see COMPACT_MIN_ROWS_PER_INDEX).
+    `torch.use_deterministic_algorithms` (the atomic sums' order varies between runs), for
+    tables with few rows per index and for many gradient elements (COMPACT_* above).
     """
-    if not compact_applies(grad.device, indices.numel(), num_weights, scale_grad_by_freq):
+    width = grad.shape[-1] if grad.dim() else 1
+    if not compact_applies(grad.device, indices.numel(), num_weights, width,
+                           scale_grad_by_freq):
         return aten.embedding_dense_backward(grad, indices, num_weights, padding_idx,
                                              scale_grad_by_freq)
     return compact_embedding_backward(grad, indices, num_weights, padding_idx)
 
 
-def compact_applies(device: torch.device, n: int, num_weights: int,
+def compact_applies(device: torch.device, n: int, num_weights: int, width: int,
                     scale_grad_by_freq: bool) -> bool:
-    """Whether `embedding_dense_backward` takes the compact algorithm."""
+    """Whether `embedding_dense_backward` of `n` indices into a `num_weights` x `width`
+    table takes the compact algorithm."""
     return (device.type == "cuda" and not scale_grad_by_freq
             and not torch.are_deterministic_algorithms_enabled()
-            and num_weights >= COMPACT_MIN_ROWS_PER_INDEX * n)
+            and num_weights >= COMPACT_MIN_ROWS_PER_INDEX * n
+            and n * width <= COMPACT_MAX_ELEMENTS)
 
 
 def compact_embedding_backward(grad: torch.Tensor, indices: torch.Tensor, num_weights: int,

@@ -56,15 +56,16 @@ def test_no_indices_give_a_zero_table() -> None:
     assert got.shape == (5, 8) and not got.any()
 
 
-def test_the_compact_algorithm_applies_to_large_tables_on_cuda_only() -> None:
-    assert compact_applies(CUDA, 4096, 50257, False)
-    assert not compact_applies(torch.device("cpu"), 4096, 50257, False)
-    assert not compact_applies(CUDA, 4096, 1024, False), "positions: ATen's sort is cheap"
-    assert not compact_applies(CUDA, 4096, 50257, True), "scale_grad_by_freq"
+def test_the_compact_algorithm_applies_to_a_vocabulary_of_few_tokens_on_cuda_only() -> None:
+    assert compact_applies(CUDA, 4096, 50257, 768, False), "GPT-2 at 8 x 512 tokens"
+    assert not compact_applies(torch.device("cpu"), 4096, 50257, 768, False)
+    assert not compact_applies(CUDA, 4096, 1024, 768, False), "positions: ATen's sort is cheap"
+    assert not compact_applies(CUDA, 8192, 128256, 4096, False), "Llama-sized: too many passes"
+    assert not compact_applies(CUDA, 4096, 50257, 768, True), "scale_grad_by_freq"
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert not compact_applies(CUDA, 4096, 50257, False), "atomic sums vary run to run"
+        assert not compact_applies(CUDA, 4096, 50257, 768, False), "atomic sums vary run to run"
     finally:
         torch.use_deterministic_algorithms(before)
 
