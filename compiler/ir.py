@@ -23,6 +23,9 @@ from torch import fx
 # Kernel groups' kinds: the domain a group iterates over. The kernel kinds that compute
 # each (Triton templates, ATen calls) and their variants: compiler.codegen.kinds.
 KINDS = ("pointwise", "reduction", "matmul")
+# node.meta key naming a split reduction's stage ("stage1" or "stage2"), set by
+# lowering/split_reductions.py and read by the reduction kind's fusion rules.
+SPLIT_STAGE = "kiln_split"
 
 
 class MetaError(ValueError):

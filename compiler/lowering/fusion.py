@@ -9,7 +9,8 @@ registry's metadata alone (no code is generated while planning).
    loads; every other pointwise/view/index node is inlined into the kernels that read it;
 3. group the realized nodes in topological order: a node joins an earlier related kernel
    (it reads the kernel's members or what they read, or, for kinds that join siblings,
-   the same producers) when its inputs are ready before that kernel runs and the kernel
+   the same producers, or the kind takes it alongside: split reductions' first stages of
+   one domain, a LayerNorm's column sums beside a bias gradient's) when its inputs are ready before that kernel runs and the kernel
    registry accepts it (`kinds.fuse`: the shape of the grown kernel from the kind the
    node anchors or the kind serving the kernel, then each serving kind's `can_fuse`, which
    follows the node's declared reads to check that it reads every anchor at the anchor's
@@ -272,7 +273,8 @@ class Planner:
             reads = self.reads[group.name]
             related = bool(deps & members) or bool(deps & reads) or (
                 kinds.joins_siblings(kind, group)
-                and bool(_producers(deps, position) & _producers(reads, position)))
+                and bool(_producers(deps, position) & _producers(reads, position))) or \
+                kinds.joins_alongside(kind, group, node)
             if not related:
                 continue
             if self.counted[group.name] >= MAX_GROUP_MEMBERS and node not in self.cuts:

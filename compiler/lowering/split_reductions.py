@@ -73,7 +73,7 @@ from torch import fx
 
 from compiler.codegen.common import TL_DTYPES, Unsupported
 from compiler.codegen.reduction import identity, reduction_info
-from compiler.ir import Domain, TensorMeta, memory_order
+from compiler.ir import SPLIT_STAGE, Domain, TensorMeta, contiguous_strides, memory_order
 
 aten = torch.ops.aten
 
@@ -245,7 +245,21 @@ def split_reductions(gm: fx.GraphModule, origins: dict[str, str],
             continue
         with gm.graph.inserting_before(node):
             before = set(gm.graph.nodes)
-            final = _rewrite(gm.graph, node, info.op, info.dims, info.keepdim, src, out, plan)
+            merged = _merge_reduced_runs(gm.graph, node, info.op, info.dims, src, out)
+            if merged is None:
+                final = _rewrite(gm.graph, node, info.op, info.dims, info.keepdim, src, out, plan)
+            else:
+                reduced, result = merged
+                view = reduced.args[0]
+                m_src, m_out = view.meta["kiln_meta"], reduced.meta["kiln_meta"]
+                m_dims = tuple(reduced.args[1])
+                m_plan = plan_split(m_src, m_dims, policy)
+                assert m_plan is not None, "merging dims keeps the split rule's sizes"
+                with gm.graph.inserting_before(reduced):
+                    split = _rewrite(gm.graph, reduced, info.op, m_dims, False, m_src, m_out, m_plan)
+                reduced.replace_all_uses_with(split)
+                gm.graph.erase_node(reduced)
+                final = result if result is not reduced else split
         for new in gm.graph.nodes:
             if new not in before:
                 origins[new.name] = origins.get(node.name, node.name)
@@ -254,6 +268,52 @@ def split_reductions(gm: fx.GraphModule, origins: dict[str, str],
         seen[key] = final
         count += 1
     return count
+
+
+def _merge_reduced_runs(graph: fx.Graph, node: fx.Node, op: str, dims: tuple[int, ...],
+                        src: TensorMeta, out: TensorMeta) -> tuple[fx.Node, fx.Node] | None:
+    """`node`'s reduction over its source viewed in memory order with each run of adjacent
+    reduced dims as one dim: (the new reduction, the value that replaces `node`: the
+    reduction, or a view of it in `out`'s shape). A LayerNorm's weight gradient, [8, 512,
+    768] summed over (0, 1), becomes [4096, 768] summed over 0, as the next bias gradient
+    is: one memory layout gives one split and one domain, so the two first stages can
+    share a kernel. None where no run holds two dims, where the source is not dense in
+    memory order, or where its kept dims lie in memory in another order than `out`'s."""
+    shape, rdims = src.shape, set(dims)
+    order = memory_order(src)
+    big = [d for d in order if shape[d] > 1]
+    expect = 1
+    for d in reversed(big):
+        if src.stride[d] != expect:
+            return None
+        expect *= shape[d]
+    runs: list[list[int]] = []
+    for d in big:
+        if runs and d in rdims and runs[-1][0] in rdims:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    kept = [r[0] for r in runs if r[0] not in rdims]
+    if all(len(r) == 1 for r in runs) or kept != sorted(kept):
+        return None
+    new_shape = [math.prod(shape[d] for d in r) for r in runs]
+    new_dims = [i for i, r in enumerate(runs) if r[0] in rdims]
+    x = node.args[0]
+    if order != tuple(range(len(shape))):
+        x = graph.call_function(aten.permute.default, (x, list(order)))
+    x = graph.call_function(aten.view.default, (x, new_shape))
+    x.meta["kiln_meta"] = TensorMeta(src.dtype, tuple(new_shape), contiguous_strides(tuple(new_shape)))
+    target = {"sum": aten.sum.dim_IntList, "mean": aten.mean.dim,
+              "max": aten.amax.default, "min": aten.amin.default}[op]
+    kwargs = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
+    reduced = graph.call_function(target, (x, new_dims, False), kwargs)
+    kept_shape = tuple(new_shape[i] for i in range(len(runs)) if i not in new_dims)
+    reduced.meta["kiln_meta"] = TensorMeta(out.dtype, kept_shape, contiguous_strides(kept_shape))
+    if kept_shape == tuple(out.shape):
+        return reduced, reduced
+    result = graph.call_function(aten.view.default, (reduced, list(out.shape)))
+    result.meta["kiln_meta"] = out
+    return reduced, result
 
 
 def _hashable(value: object) -> object:
@@ -294,7 +354,7 @@ def _rewrite(graph: fx.Graph, node: fx.Node, op: str, dims: tuple[int, ...], kee
     stage1_dims = [i for i in range(len(parts)) if i not in kept_by_stage1]
     pd = _partial_dtype(op, out.dtype, src.dtype)
     part = graph.call_function(*_reduce(op, y, stage1_dims, pd, src.dtype))
-    part.meta["kiln_split"] = "stage1"
+    part.meta[SPLIT_STAGE] = "stage1"
     # the partials: kept_by_stage1's entries in order; stage 2 reads the partial dims
     # first and the kept dims in the original order, so its output is laid out as before
     remaining = [parts[i] for i in kept_by_stage1]
@@ -308,7 +368,7 @@ def _rewrite(graph: fx.Graph, node: fx.Node, op: str, dims: tuple[int, ...], kee
     stage2_dims = list(range(len(partial_pos)))
     final_dtype = out.dtype if op in ("sum", "max", "min") else pd
     result = graph.call_function(*_reduce(op, q, stage2_dims, final_dtype, pd))
-    result.meta["kiln_split"] = "stage2"
+    result.meta[SPLIT_STAGE] = "stage2"
     if op == "mean":
         result = graph.call_function(aten.div.Tensor, (result, math.prod(shape[d] for d in dims)))
         if out.dtype != pd:

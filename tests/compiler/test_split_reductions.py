@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.ir import TensorMeta, contiguous_strides
+from compiler.ir import SPLIT_STAGE, TensorMeta, contiguous_strides
 from compiler.lowering import frontend
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.split_reductions import ENV, SplitPolicy, plan_split, policy_from_env
@@ -101,11 +101,11 @@ def test_the_environment_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _split_kernels(fn, *inputs) -> list[compiler.ir.KernelGroup]:  # noqa: ANN001
     program, _ = lower_graph(trace(fn, *inputs), list(inputs))
-    return [k for k in program.kernels if any(m.meta.get("kiln_split") for m in k.anchors)]
+    return [k for k in program.kernels if any(m.meta.get(SPLIT_STAGE) for m in k.anchors)]
 
 
 def _stages(groups: list) -> list[set[str]]:
-    return [{m.meta["kiln_split"] for m in k.anchors if m.meta.get("kiln_split")} for k in groups]
+    return [{m.meta[SPLIT_STAGE] for m in k.anchors if m.meta.get(SPLIT_STAGE)} for k in groups]
 
 
 @pytest.mark.parametrize("rows", [37, 34, 48])  # prime, 2 * prime (padded), divisible
@@ -242,7 +242,7 @@ def test_var_std_and_var_mean_over_columns(split) -> None:
     stages = _stages(_split_kernels(fn, x))
     assert stages.count({"stage1"}) == 2
     program, _ = lower_graph(trace(fn, x), [x])
-    firsts = [m for k in program.kernels for m in k.anchors if m.meta.get("kiln_split") == "stage1"]
+    firsts = [m for k in program.kernels for m in k.anchors if m.meta.get(SPLIT_STAGE) == "stage1"]
     assert len(firsts) == 2 + 3  # means: keepdim and not; sums of squares: one per statistic
 
 
@@ -261,6 +261,67 @@ def test_full_reductions(split) -> None:
     # both stage 1s share one kernel, and so do both stage 2s: their partials come from
     # the same kernel, which fusion counts as related
     assert len(built.kernels[0].nodes) == 2 and len(built.kernels) == 2
+
+
+def _layer_norm_and_bias_backward(dy, x, mean, rstd, w, b, residual):  # noqa: ANN001, ANN202
+    """A transformer block's LayerNorm backward over [batch, tokens, C], then the gradient of
+    the bias of the linear layer that read its input's gradient (plus the residual)."""
+    dx, dw, db = aten.native_layer_norm_backward(dy, x, [x.shape[-1]], mean, rstd, w, b,
+                                                 [True, True, True])
+    grad = dx + residual
+    return grad, dw, db, grad.sum((0, 1))
+
+
+def _layer_norm_inputs(batch: int, tokens: int, c: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    x = rand((batch, tokens, c), dtype, seed=30)
+    mean = x.float().mean(-1, keepdim=True)
+    rstd = (x.float().var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
+    return [rand((batch, tokens, c), dtype, seed=31), x, mean, rstd, rand((c,), dtype, seed=32),
+            rand((c,), dtype, seed=33), rand((batch, tokens, c), dtype, seed=34)]
+
+
+def test_adjacent_reduced_dims_are_one_dim_of_the_split(split) -> None:
+    """[8, 512, 768] summed over (0, 1) is split as [4096, 768] summed over 0 (the bias
+    gradient of the same tokens has the same first stage), and channels-last BatchNorm's
+    (0, 2, 3) as [N * H * W, C]."""
+    split("auto")
+    inputs = _layer_norm_inputs(8, 512, 768, torch.bfloat16)  # GPT-2's 4096 tokens
+    firsts = [k for k in _split_kernels(_layer_norm_and_bias_backward, *inputs)
+              if _stages([k])[0] == {"stage1"}]
+    assert [k.domain.shape for k in firsts] == [(32, 128, 768)]
+    cl = rand((32, 64, 56, 56), torch.bfloat16).to(memory_format=torch.channels_last)
+    (first, _) = _split_kernels(lambda x: x.sum((0, 2, 3)), cl)
+    assert len(first.domain.shape) == 3 and first.domain.shape[-1] == 64
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_layer_norms_column_sums_and_the_next_bias_gradient_share_two_kernels(
+        split, dtype: torch.dtype) -> None:
+    """Their first stages read nothing in common; they share a launch, and so do their
+    second stages (whose partials then come from one kernel)."""
+    split("auto")  # (forced, the rows' sums would split too)
+    inputs = _layer_norm_inputs(4, 301, 16, dtype)  # 1204 rows: the column sums split
+    gm = trace(_layer_norm_and_bias_backward, *inputs)
+    got = compiler.build(gm, None, inputs)(*inputs)
+    want = [t.to(r.dtype) for t, r in zip(_layer_norm_and_bias_backward(
+        *[t.double() for t in inputs]), got, strict=True)]
+    # bf16: 1204 gradients rounded to bf16 (the graph's output) before they are summed
+    assert_matches(got, want, (1e-4, 1e-4) if dtype == torch.float32 else (0.5, 3e-2))
+    groups = _split_kernels(_layer_norm_and_bias_backward, *inputs)
+    assert _stages(groups) == [{"stage1"}, {"stage2"}]
+    assert [len(k.anchors) for k in groups] == [3, 3]
+
+
+def test_at_most_four_unrelated_first_stages_share_a_kernel(split) -> None:
+    split("4")
+    xs = [rand((37, 6), seed=40 + i) for i in range(6)]
+
+    def sums(*xs):  # noqa: ANN002, ANN202
+        return tuple(x.sum(0) for x in xs)
+
+    check(sums, *xs, tol=(1e-4, 1e-5))
+    firsts = [k for k in _split_kernels(sums, *xs) if _stages([k])[0] == {"stage1"}]
+    assert sorted(len(k.anchors) for k in firsts) == [2, 4]
 
 
 def test_off_keeps_one_kernel(split) -> None:
@@ -293,7 +354,7 @@ def test_training_graphs_through_the_wire_format(split) -> None:
         built = compiler.build(graph)
         assert_matches(built(*inputs), gm(*inputs), (1e-3, 1e-3))
         program, _ = lower_graph(graph)
-        assert any(m.meta.get("kiln_split") == "stage1" for k in program.kernels for m in k.anchors)
+        assert any(m.meta.get(SPLIT_STAGE) == "stage1" for k in program.kernels for m in k.anchors)
 
 
 # ---- real sizes compile for sm_90 -------------------------------------------------------

@@ -15,7 +15,8 @@ matmuls it beats the template on) and the order ties break in (`variant_order`).
 read the kinds' variants each time, so a variant is one entry in its kind's module.
 
 Fusion asks the registry, never a kind by name: the kernel a node starts (`start`),
-whether it may join one at all (`joins`), whether it joins siblings (`joins_siblings`),
+whether it may join one at all (`joins`), whether it joins siblings (`joins_siblings`) or
+kernels it reads nothing of (`joins_alongside`),
 and the kernel a join makes (`fuse`), which every kind serving it must accept.
 """
 
@@ -112,6 +113,13 @@ def joins_siblings(node_kind: NodeKind, group: KernelGroup) -> bool:
     return node_kind.anchor and kind.siblings and group.kind == kind.group_kind
 
 
+def joins_alongside(node_kind: NodeKind, group: KernelGroup, node: fx.Node) -> bool:
+    """Whether anchor `node` is related to `group` though they read nothing in common
+    (`KernelKind.alongside`: the first stages of split reductions of one domain)."""
+    kind = _starting(node_kind)
+    return node_kind.anchor and group.kind == kind.group_kind and kind.alongside(group, node)
+
+
 def fuse(group: KernelGroup, node: fx.Node, reads: Reads) -> KernelGroup | None:
     """`group` with `node` added (a new group: `group` is left as it was), or None when
     it cannot take it: the shapes, from the kind that `node` anchors or else the kind
@@ -128,5 +136,5 @@ def fuse(group: KernelGroup, node: fx.Node, reads: Reads) -> KernelGroup | None:
     return grown if all(k.can_fuse(grown, node, reads) for k in kinds_for(kind)) else None
 
 
-__all__ = ["KINDS", "Config", "KernelKind", "Point", "fuse", "heuristic", "joins", "joins_siblings",
+__all__ = ["KINDS", "Config", "KernelKind", "Point", "fuse", "heuristic", "joins", "joins_alongside", "joins_siblings",
            "kind_of", "kind_of_variant", "kinds_for", "start", "variant_order", "variants_of"]

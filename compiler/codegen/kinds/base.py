@@ -82,6 +82,11 @@ class KernelKind:
     keeps_config_of: str | None = None  # variant whose config a schedule keeps for this one
     library: bool = False  # the kernel's main work is an ATen (library) call
 
+    def alongside(self, group: KernelGroup, node: fx.Node) -> bool:
+        """Whether anchor `node` may join `group` of this kind though the two read nothing
+        in common: only a launch is saved (default: never)."""
+        return False
+
     def serves(self, group: KernelGroup) -> bool:
         """Whether this kind can compute `group` at all (its group kind aside): a kind made
         for one pattern of group serves only those, and never refuses a fusion."""

@@ -47,8 +47,9 @@ from compiler.codegen.reduction import (
     row_shapes,
 )
 from compiler.codegen.writer import Generated, Writer
-from compiler.ir import Domain, KernelGroup, base_name, meta
+from compiler.ir import SPLIT_STAGE, Domain, KernelGroup, base_name, meta
 
+MAX_ALONGSIDE = 4  # anchors a kernel of first stages takes beside one another
 PERSISTENT_MAX = 4096  # widest reduced extent (elements) kept in registers by default
 # The tuning space's domains; clipped per kernel.
 XBLOCKS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -247,6 +248,17 @@ class ReductionKind(KernelKind):
 
     def heuristic(self, group: KernelGroup, gpu: bool, arch: str = "") -> Point:
         return config_for(group, gpu)
+
+    def alongside(self, group: KernelGroup, node: fx.Node) -> bool:
+        """A split reduction's first stage joins a kernel of first stages (of the same
+        domain: `joined` checks) though they read nothing in common: in a transformer's
+        backward a LayerNorm's weight and bias sums and the next bias gradient's sum over
+        the LayerNorm's input gradient, two launches (and two second stages) a LayerNorm
+        instead of four. At most MAX_ALONGSIDE anchors, so that independent sums of one
+        shape (a gradient clip's norms) do not pile their accumulators into one kernel."""
+        stage = node.meta.get(SPLIT_STAGE)
+        return (stage == "stage1" and len(group.anchors) < MAX_ALONGSIDE
+                and all(a.meta.get(SPLIT_STAGE) == stage for a in group.anchors))
 
     def space(self, kernel: dict[str, Any]) -> list[Point]:
         sizes = kernel.get("sizes", {})
