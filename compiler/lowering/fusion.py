@@ -10,11 +10,12 @@ registry's metadata alone (no code is generated while planning).
 3. group the realized nodes in topological order: a node joins an earlier related kernel
    (it reads the kernel's members or what they read, or, for kinds that join siblings,
    the same producers, or the kind takes it alongside: split reductions' first stages of
-   one domain, a LayerNorm's column sums beside a bias gradient's) when its inputs are ready before that kernel runs and the kernel
-   registry accepts it (`kinds.fuse`: the shape of the grown kernel from the kind the
-   node anchors or the kind serving the kernel, then each serving kind's `can_fuse`, which
-   follows the node's declared reads to check that it reads every anchor at the anchor's
-   own index, `compiler.codegen.access`); otherwise it starts a kernel (`kinds.start`);
+   one domain, a LayerNorm's column sums beside a bias gradient's) when its inputs are
+   ready before that kernel runs and the kernel registry accepts it (`kinds.fuse`: the
+   shape of the grown kernel from the kind the node anchors or the kind serving the
+   kernel, then each serving kind's `can_fuse`, which follows the node's declared reads
+   to check that it reads every anchor at the anchor's own index,
+   `compiler.codegen.access`); otherwise it starts a kernel (`kinds.start`);
 4. a value that step 3 left inlined into two or more kernels (each would recompute it) is
    realized and the nodes grouped again, unless it is cheap: a few ops reading at most one
    large buffer the graph computes, and not inside another such value. Otherwise a chain

@@ -18,7 +18,10 @@ BatchNorm's two sums), and epilogues join stage 2. Sums are deterministic: fixed
 no atomics.
 
 How the reduced elements are divided, from the source's memory order (its strides, so a
-channels-last tensor is read as [N, H, W, C]):
+channels-last tensor is read as [N, H, W, C]), where a dense source's adjacent reduced dims
+are first viewed as one (a LayerNorm's [8, 512, 768] summed over (0, 1) is split as
+[4096, 768] summed over 0, as the next bias gradient is, so that their first stages have
+one domain and share a kernel):
 - the source is first viewed in memory order (a permute, when it is not already);
 - row regime (the innermost dim is reduced, and the run of innermost reduced dims holds
   at least ROW_RUN elements: NCHW BatchNorm over (0, 2, 3)): stage 1 reduces that run,
@@ -245,21 +248,8 @@ def split_reductions(gm: fx.GraphModule, origins: dict[str, str],
             continue
         with gm.graph.inserting_before(node):
             before = set(gm.graph.nodes)
-            merged = _merge_reduced_runs(gm.graph, node, info.op, info.dims, src, out)
-            if merged is None:
-                final = _rewrite(gm.graph, node, info.op, info.dims, info.keepdim, src, out, plan)
-            else:
-                reduced, result = merged
-                view = reduced.args[0]
-                m_src, m_out = view.meta["kiln_meta"], reduced.meta["kiln_meta"]
-                m_dims = tuple(reduced.args[1])
-                m_plan = plan_split(m_src, m_dims, policy)
-                assert m_plan is not None, "merging dims keeps the split rule's sizes"
-                with gm.graph.inserting_before(reduced):
-                    split = _rewrite(gm.graph, reduced, info.op, m_dims, False, m_src, m_out, m_plan)
-                reduced.replace_all_uses_with(split)
-                gm.graph.erase_node(reduced)
-                final = result if result is not reduced else split
+            final = _split(gm.graph, node, info.op, info.dims, info.keepdim, src, out, plan,
+                           policy)
         for new in gm.graph.nodes:
             if new not in before:
                 origins[new.name] = origins.get(node.name, node.name)
@@ -268,6 +258,26 @@ def split_reductions(gm: fx.GraphModule, origins: dict[str, str],
         seen[key] = final
         count += 1
     return count
+
+
+def _split(graph: fx.Graph, node: fx.Node, op: str, dims: tuple[int, ...], keepdim: bool,
+           src: TensorMeta, out: TensorMeta, plan: Split, policy: SplitPolicy) -> fx.Node:
+    """The two stages that replace `node`, over its source's merged view where adjacent
+    reduced dims merge (`_merge_reduced_runs`), else over the source as it is."""
+    merged = _merge_reduced_runs(graph, node, op, dims, src, out)
+    if merged is None:
+        return _rewrite(graph, node, op, dims, keepdim, src, out, plan)
+    reduced, result = merged
+    m_src, m_out = reduced.args[0].meta["kiln_meta"], reduced.meta["kiln_meta"]
+    m_dims = tuple(reduced.args[1])
+    m_plan = plan_split(m_src, m_dims, policy)
+    if m_plan is None:  # the sizes the rule reads are the same: it cannot refuse now
+        raise AssertionError(f"{node.name}: the merged view of a split reduction is not split")
+    with graph.inserting_before(reduced):
+        split = _rewrite(graph, reduced, op, m_dims, False, m_src, m_out, m_plan)
+    reduced.replace_all_uses_with(split)
+    graph.erase_node(reduced)
+    return split if result is reduced else result
 
 
 def _merge_reduced_runs(graph: fx.Graph, node: fx.Node, op: str, dims: tuple[int, ...],

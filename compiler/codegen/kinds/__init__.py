@@ -136,5 +136,6 @@ def fuse(group: KernelGroup, node: fx.Node, reads: Reads) -> KernelGroup | None:
     return grown if all(k.can_fuse(grown, node, reads) for k in kinds_for(kind)) else None
 
 
-__all__ = ["KINDS", "Config", "KernelKind", "Point", "fuse", "heuristic", "joins", "joins_alongside", "joins_siblings",
-           "kind_of", "kind_of_variant", "kinds_for", "start", "variant_order", "variants_of"]
+__all__ = ["KINDS", "Config", "KernelKind", "Point", "fuse", "heuristic", "joins", "joins_alongside",
+           "joins_siblings", "kind_of", "kind_of_variant", "kinds_for", "start", "variant_order",
+           "variants_of"]
