@@ -98,19 +98,10 @@ def _hf_gpt2(batch: int, px: int) -> tuple[Any, list[Any]]:  # noqa: ARG001 - im
     import torch
 
     from bench.models import MODELS as SUITE
+    from bench.models import CaseStep
 
     module, inputs = SUITE["gpt2"].make(torch.device("cpu"), False)
-    forward = SUITE["gpt2"].forward
-
-    class LastHidden(torch.nn.Module):  # the suite's step: a tensor out, not a ModelOutput
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = module
-
-        def forward(self, ids: Any) -> Any:
-            return forward(self.model, [ids])
-
-    return LastHidden(), [inputs[0][:batch]]
+    return CaseStep(SUITE["gpt2"], module), [inputs[0][:batch]]
 
 
 # Each model and its inputs, seeded: (batch, image side) -> (module, inputs).

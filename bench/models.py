@@ -106,6 +106,18 @@ def instantiate(model: str, device: torch.device, small: bool
     return case, module, inputs
 
 
+class CaseStep(nn.Module):
+    """A case's forward over its module as a module of its own, returning the tensor a loss
+    is taken of (not a `ModelOutput`): what AOTAutograd traces for the case."""
+
+    def __init__(self, case: ModelCase, module: nn.Module) -> None:
+        super().__init__()
+        self.case, self.module = case, module
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.case.forward(self.module, list(inputs))
+
+
 def loss_of(out: torch.Tensor) -> torch.Tensor:
     """The model suite's training loss (docs/benchmarks.md)."""
     return out.float().sin().mean()

@@ -67,22 +67,12 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
 def training_graphs(model: str, small: bool) -> list[tuple[str, Any, list[Any]]]:
     """(role, graph, inputs) of one training step of `model`, traced on the meta device."""
     import torch
-    from torch import nn
 
-    from bench.models import instantiate
+    from bench.models import CaseStep, instantiate
     from compiler.lowering.tracing import trace_training
 
     case, module, inputs = instantiate(model, torch.device("meta"), small)
-
-    class Step(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.module = module
-
-        def forward(self, *xs: Any) -> Any:
-            return case.forward(self.module, list(xs))
-
-    fwd, bwd, fwd_in, bwd_in = trace_training(Step(), inputs, through_dynamo=True)
+    fwd, bwd, fwd_in, bwd_in = trace_training(CaseStep(case, module), inputs, through_dynamo=True)
     return [("forward", fwd, fwd_in), ("backward", bwd, bwd_in)]
 
 

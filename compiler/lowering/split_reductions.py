@@ -76,7 +76,15 @@ from torch import fx
 
 from compiler.codegen.common import TL_DTYPES, Unsupported
 from compiler.codegen.reduction import identity, reduction_info
-from compiler.ir import SPLIT_STAGE, Domain, TensorMeta, contiguous_strides, memory_order
+from compiler.ir import (
+    SPLIT_STAGE,
+    Domain,
+    TensorMeta,
+    contiguous_strides,
+    dense_strides,
+    memory_order,
+    same_strides,
+)
 
 aten = torch.ops.aten
 
@@ -291,14 +299,10 @@ def _merge_reduced_runs(graph: fx.Graph, node: fx.Node, op: str, dims: tuple[int
     memory order, or where its kept dims lie in memory in another order than `out`'s."""
     shape, rdims = src.shape, set(dims)
     order = memory_order(src)
-    big = [d for d in order if shape[d] > 1]
-    expect = 1
-    for d in reversed(big):
-        if src.stride[d] != expect:
-            return None
-        expect *= shape[d]
+    if not same_strides(src, dense_strides(shape, order)):
+        return None
     runs: list[list[int]] = []
-    for d in big:
+    for d in (d for d in order if shape[d] > 1):
         if runs and d in rdims and runs[-1][0] in rdims:
             runs[-1].append(d)
         else:
