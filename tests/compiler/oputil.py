@@ -76,12 +76,12 @@ def layer_norm_backward(grad, x, mean, rstd, w, b):  # noqa: ANN001, ANN201
                                                      [True, True, True])
 
 
-def layer_norm_backward_inputs(rows: int, width: int,
+def layer_norm_backward_inputs(shape: tuple[int, ...],
                                dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
-    """Gradient, input, its float32 mean and rstd (as a GPU's LayerNorm saves them for a
-    bfloat16 input), weight and bias."""
-    x = rand((rows, width), dtype, seed=1)
+    """Gradient, input (both of `shape`, normalised over the last dim), the input's float32
+    mean and rstd (as a GPU's LayerNorm saves them for a bfloat16 input), weight and bias."""
+    x = rand(shape, dtype, seed=1)
     mean = x.float().mean(-1, keepdim=True)
     rstd = torch.rsqrt(x.float().var(-1, unbiased=False, keepdim=True) + 1e-5)
-    return [rand((rows, width), dtype, seed=2), x, mean, rstd,
-            rand((width,), dtype, seed=3), rand((width,), dtype, seed=4)]
+    return [rand(shape, dtype, seed=2), x, mean, rstd,
+            rand(shape[-1:], dtype, seed=3), rand(shape[-1:], dtype, seed=4)]

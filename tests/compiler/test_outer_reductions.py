@@ -34,11 +34,11 @@ def _outer_groups(fn, *inputs):  # noqa: ANN001, ANN202
 
 
 def _gpt2_layer_norm():  # noqa: ANN202 - GPT-2 at batch 8 x 512: 4096 rows of 768
-    return _outer_groups(layer_norm_backward, *layer_norm_backward_inputs(4096, 768))
+    return _outer_groups(layer_norm_backward, *layer_norm_backward_inputs((4096, 768)))
 
 
 def _vit_layer_norm():  # noqa: ANN202 - ViT-B/16 at batch 32: 6304 rows of 768
-    return _outer_groups(layer_norm_backward, *layer_norm_backward_inputs(6304, 768))
+    return _outer_groups(layer_norm_backward, *layer_norm_backward_inputs((6304, 768)))
 
 
 def _bias_gradient():  # noqa: ANN202 - a linear layer's bias gradient, 8192 tokens of 4096
@@ -94,7 +94,7 @@ def test_the_tuners_space_holds_every_outer_config_the_heuristic_picks(case: str
 
 def test_gpu_tiles_compute_the_same_gradients() -> None:
     """The GPU's schedule run on the interpreter at an odd size (37 rows of 96)."""
-    inputs = layer_norm_backward_inputs(37, 96, torch.float32)
+    inputs = layer_norm_backward_inputs((37, 96), torch.float32)
     gm = trace(layer_norm_backward, *inputs)
     schedule = compiler.heuristic_schedule(gm, compiler.Target.named("sm_90", name="NVIDIA H200"),
                                            inputs)

@@ -27,7 +27,7 @@ def _row_kernel(built: compiler.Built) -> str:
 
 
 def test_vit_sizedlayer_norm_backward_loads_mean_and_rstd_once_a_row() -> None:
-    inputs = layer_norm_backward_inputs(32 * 197, 768)  # ViT-B/16 at batch 32: 6304 rows of 768
+    inputs = layer_norm_backward_inputs((32 * 197, 768))  # ViT-B/16 at batch 32: 6304 rows of 768
     gm = trace(layer_norm_backward, *inputs)
     target = compiler.Target.named("sm_90", name="NVIDIA H200")
     built = compiler.build(gm, compiler.heuristic_schedule(gm, target, inputs), inputs)
@@ -40,7 +40,7 @@ def test_vit_sizedlayer_norm_backward_loads_mean_and_rstd_once_a_row() -> None:
 
 @pytest.mark.parametrize(("rows", "width"), [(37, 96), (8, 130)])
 def test_the_gradients_match_eager(rows: int, width: int) -> None:
-    inputs = layer_norm_backward_inputs(rows, width, torch.float32)  # ATen's CPU kernel: one dtype throughout
+    inputs = layer_norm_backward_inputs((rows, width), torch.float32)  # ATen's CPU kernel: one dtype throughout
     gm = trace(layer_norm_backward, *inputs)
     built = compiler.build(gm, compiler.heuristic_schedule(gm, None, inputs), inputs)
     assert any("xmask, other=0" in k.source and "rowmask" in k.source for k in built.kernels)

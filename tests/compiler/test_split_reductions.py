@@ -18,7 +18,14 @@ from compiler.ir import SPLIT_STAGE, TensorMeta, contiguous_strides
 from compiler.lowering import frontend
 from compiler.lowering.frontend import lower_graph
 from compiler.lowering.split_reductions import ENV, SplitPolicy, plan_split, policy_from_env
-from tests.compiler.oputil import assert_matches, check, rand, strided, trace
+from tests.compiler.oputil import (
+    assert_matches,
+    check,
+    layer_norm_backward_inputs,
+    rand,
+    strided,
+    trace,
+)
 
 aten = torch.ops.aten
 
@@ -273,11 +280,9 @@ def _layer_norm_and_bias_backward(dy, x, mean, rstd, w, b, residual):  # noqa: A
 
 
 def _layer_norm_inputs(batch: int, tokens: int, c: int, dtype: torch.dtype) -> list[torch.Tensor]:
-    x = rand((batch, tokens, c), dtype, seed=30)
-    mean = x.float().mean(-1, keepdim=True)
-    rstd = (x.float().var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
-    return [rand((batch, tokens, c), dtype, seed=31), x, mean, rstd, rand((c,), dtype, seed=32),
-            rand((c,), dtype, seed=33), rand((batch, tokens, c), dtype, seed=34)]
+    """The LayerNorm backward's inputs over [batch, tokens, c], then the residual."""
+    return [*layer_norm_backward_inputs((batch, tokens, c), dtype),
+            rand((batch, tokens, c), dtype, seed=34)]
 
 
 def test_adjacent_reduced_dims_are_one_dim_of_the_split(split) -> None:
